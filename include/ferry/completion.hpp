@@ -1,0 +1,161 @@
+// ferry/completion.hpp — how ferry tells the caller an operation finished.
+//
+// A completion object is anything derived from CompletionObject. ferry calls signal() exactly
+// once per `posted` operation that names it as the local completion, and once per incoming
+// active message or notifying put that names it as the remote target (see Runtime::expose).
+// signal() is called from inside progress(), on whatever thread runs progress.
+//
+// Kinds:
+//  - CompletionQueue: a lock-free multi-producer multi-consumer queue of Completion records.
+//    When full, it spills into an overflow list rather than drop or wait.
+//  - Synchronizer: counts to n (like an MPI request when n == 1); test() / wait().
+//  - Handler: runs a callback inside progress (keep it short, it must not block).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ferry {
+
+using Tag = std::uint32_t;
+inline constexpr Tag any_tag = 0xFFFFFFFFu;   // post_recv only
+inline constexpr Tag max_tag = 0x7FFFFFFFu;   // largest tag a send may use
+inline constexpr int any_source = -1;         // post_recv only
+
+enum class OpKind : std::uint8_t { am, send, recv, put, get, remote_put, remote_am };
+
+const char* to_string(OpKind kind) noexcept;
+
+// A buffer ferry hands to the caller, who then owns it (the payload of an active message).
+// Move-only; returns its memory to ferry (or frees it) when destroyed.
+class Buffer {
+ public:
+  using Release = void (*)(void* owner, void* data) noexcept;
+  Buffer() noexcept = default;
+  Buffer(void* data, std::size_t size, Release release, void* owner) noexcept
+      : data_(data), size_(size), release_(release), owner_(owner) {}
+  Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+  Buffer& operator=(Buffer&& other) noexcept {
+    if (this != &other) {
+      reset();
+      data_ = other.data_;
+      size_ = other.size_;
+      release_ = other.release_;
+      owner_ = other.owner_;
+      other.data_ = nullptr;
+      other.size_ = 0;
+      other.release_ = nullptr;
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { reset(); }
+
+  void* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  explicit operator bool() const noexcept { return release_ != nullptr; }
+  void reset() noexcept {
+    if (release_ != nullptr) release_(owner_, data_);
+    data_ = nullptr;
+    size_ = 0;
+    release_ = nullptr;
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+  Release release_ = nullptr;
+  void* owner_ = nullptr;
+};
+
+// One finished operation.
+struct Completion {
+  OpKind op = OpKind::am;
+  int rank = -1;              // the peer
+  Tag tag = 0;
+  std::size_t size = 0;       // bytes moved (a receive: bytes delivered)
+  void* context = nullptr;    // the caller's context pointer from the post
+  int error = 0;              // 0, or a negative libfabric error code
+  Buffer buffer;              // remote_am: the eager payload, now owned by the caller
+  std::vector<Buffer> parts;  // remote_am from post_am_iovec: the zero-copy parts
+
+  bool ok() const noexcept { return error == 0; }
+  std::string error_string() const;
+};
+
+class CompletionObject {
+ public:
+  virtual ~CompletionObject() = default;
+  // Called exactly once per completed operation; never blocks.
+  virtual void signal(Completion&& completion) noexcept = 0;
+};
+
+namespace detail {
+class QueueImpl;
+}
+
+// Which queue algorithm backs a CompletionQueue.
+enum class QueueKind : std::uint8_t { ring };
+
+struct CompletionQueueOptions {
+  std::size_t capacity = 0;        // 0: FERRY_CQ_CAPACITY
+  QueueKind kind = QueueKind::ring;
+};
+
+class CompletionQueue final : public CompletionObject {
+ public:
+  explicit CompletionQueue(CompletionQueueOptions options = {});
+  ~CompletionQueue() override;
+  CompletionQueue(const CompletionQueue&) = delete;
+  CompletionQueue& operator=(const CompletionQueue&) = delete;
+
+  void signal(Completion&& completion) noexcept override;
+  // Any thread. Empty optional when nothing is ready.
+  std::optional<Completion> pop() noexcept;
+  std::size_t capacity() const noexcept;
+
+ private:
+  std::unique_ptr<detail::QueueImpl> impl_;
+  // Entries that found the queue full (see signal()); never dropped.
+  std::atomic<std::size_t> overflow_size_{0};
+  std::mutex overflow_mutex_;
+  std::deque<Completion> overflow_;
+};
+
+// Counts signals up to n. Any thread may signal; one thread at a time should test/wait/reset.
+class Synchronizer final : public CompletionObject {
+ public:
+  explicit Synchronizer(std::size_t n = 1);
+  void signal(Completion&& completion) noexcept override;
+  bool test() const noexcept { return arrived_.load(std::memory_order_acquire) >= n_; }
+  std::size_t count() const noexcept { return arrived_.load(std::memory_order_acquire); }
+  // The completions, in arrival order; valid after test() returned true.
+  std::vector<Completion>& results() noexcept { return slots_; }
+  void reset() noexcept;
+
+ private:
+  std::size_t n_;
+  std::atomic<std::size_t> claimed_{0};
+  std::atomic<std::size_t> arrived_{0};
+  std::vector<Completion> slots_;
+};
+
+class Handler final : public CompletionObject {
+ public:
+  explicit Handler(std::function<void(Completion&&)> fn) : fn_(std::move(fn)) {}
+  void signal(Completion&& completion) noexcept override;
+
+ private:
+  std::function<void(Completion&&)> fn_;
+};
+
+}  // namespace ferry

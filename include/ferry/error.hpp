@@ -1,0 +1,18 @@
+// ferry/error.hpp — the exception type for setup errors and invalid arguments.
+//
+// Fast-path calls report back-pressure as Status::retry (see status.hpp); they throw
+// ferry::Error only for arguments that can never succeed (a rank out of range, a null
+// buffer with a non-zero size, ...). The message always names the argument and its value.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace ferry {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error("ferry: " + what) {}
+};
+
+}  // namespace ferry

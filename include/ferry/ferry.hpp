@@ -1,0 +1,8 @@
+// ferry/ferry.hpp — everything an application needs.
+#pragma once
+
+#include "ferry/completion.hpp"
+#include "ferry/error.hpp"
+#include "ferry/options.hpp"
+#include "ferry/runtime.hpp"
+#include "ferry/status.hpp"

@@ -1,0 +1,63 @@
+// ferry/options.hpp — every runtime setting, declared once.
+//
+// Each option has a name, an environment variable, a default and a help text; ferry-info
+// prints the table with the values in force. A field left unset in RuntimeOptions takes the
+// environment variable's value, else the default. A malformed value throws ferry::Error naming
+// the variable and the value.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace ferry {
+
+// The one option table: X(field, ENV, default, help)
+#define FERRY_OPTIONS(X)                                                                   \
+  X(bootstrap, "FERRY_BOOTSTRAP", "auto",                                                  \
+    "how ranks find each other: auto, single, pmi1 (ferryrun, mpiexec, srun --mpi=pmi2), " \
+    "pmix (mpirun, srun --mpi=pmix)")                                                      \
+  X(provider, "FERRY_PROVIDER", "auto",                                                    \
+    "libfabric provider (shm, tcp, verbs, cxi, efa, sockets...); auto: shm when all ranks "  \
+    "share a host, else libfabric's best")                                                 \
+  X(devices, "FERRY_DEVICES", "1", "devices (endpoint + CQ + buffers) per process")       \
+  X(packet_size, "FERRY_PACKET_SIZE", "8192",                                              \
+    "bytes per packet; messages up to this size minus a 16-byte header go eagerly")        \
+  X(packets, "FERRY_PACKETS", "4096", "packets per device (send and receive buffers)")    \
+  X(prepost, "FERRY_PREPOST", "256", "receives each device keeps posted")                 \
+  X(send_credits, "FERRY_SEND_CREDITS", "0",                                               \
+    "outstanding sends per device; 0: the provider's transmit queue size")                 \
+  X(cq_capacity, "FERRY_CQ_CAPACITY", "65536", "default completion queue capacity")       \
+  X(max_targets, "FERRY_MAX_TARGETS", "4096", "remote target ids per runtime (0..N-1)")   \
+  X(rdv_threshold, "FERRY_RDV_THRESHOLD", "0",                                             \
+    "messages above this many bytes use rendezvous; 0: as large as a packet allows")
+
+struct OptionInfo {
+  const char* name;
+  const char* env;
+  const char* default_value;
+  const char* help;
+};
+
+// The option table, in declaration order.
+const std::vector<OptionInfo>& option_table();
+
+// Explicit settings; an empty string or 0 means "not set here".
+struct RuntimeOptions {
+  std::string bootstrap;
+  std::string provider;
+  int devices = 0;
+  std::size_t packet_size = 0;
+  std::size_t packets = 0;
+  std::size_t prepost = 0;
+  std::size_t send_credits = 0;
+  std::size_t cq_capacity = 0;
+  std::size_t max_targets = 0;
+  std::size_t rdv_threshold = 0;
+};
+
+// The value in force for each option: explicit setting, else environment, else default,
+// formatted as text (what ferry-info prints).
+std::vector<std::pair<OptionInfo, std::string>> resolved_options(const RuntimeOptions& explicit_options = {});
+
+}  // namespace ferry

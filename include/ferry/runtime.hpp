@@ -1,0 +1,213 @@
+// ferry/runtime.hpp — the runtime, its devices, and the operations.
+//
+// Threading: every member function of Runtime, Device and MemoryRegion may be called by any
+// number of threads at once, except construction and destruction. No call takes a
+// process-wide lock; progress() never waits for another thread.
+//
+// Performance contract of the small-message path (post_am / post_send of up to
+// Device::eager_limit() bytes, and progress delivering them): no allocation, no blocking lock,
+// no system call beyond the provider's own.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/completion.hpp"
+#include "ferry/options.hpp"
+#include "ferry/status.hpp"
+
+namespace ferry {
+
+namespace detail {
+class RuntimeImpl;
+class DeviceImpl;
+struct RegionImpl;
+}  // namespace detail
+
+// Names a completion object on a remote rank, by an id chosen by the application (see
+// Runtime::expose), so ranks need not create objects in the same order.
+struct RemoteTarget {
+  std::uint16_t id = 0;
+};
+
+// What a peer needs to reach a registered region: trivially copyable, send it as bytes.
+struct RemoteKey {
+  std::uint64_t base = 0;   // the region's start address on its owner
+  std::uint64_t size = 0;
+  std::uint64_t key = 0;    // the provider's key
+  std::int32_t rank = -1;   // the owner
+  std::int32_t device = 0;  // the device the region was registered on
+};
+
+class MemoryRegion {
+ public:
+  MemoryRegion() noexcept;
+  MemoryRegion(MemoryRegion&&) noexcept;
+  MemoryRegion& operator=(MemoryRegion&&) noexcept;
+  ~MemoryRegion();
+  RemoteKey remote_key() const;
+  void* data() const noexcept;
+  std::size_t size() const noexcept;
+  explicit operator bool() const noexcept { return impl_ != nullptr; }
+
+ private:
+  friend class detail::DeviceImpl;
+  explicit MemoryRegion(std::unique_ptr<detail::RegionImpl> impl) noexcept;
+  std::unique_ptr<detail::RegionImpl> impl_;
+};
+
+// Arguments of the operations. `local` is signalled when a post returned `posted`;
+// `context` comes back in the Completion.
+struct AmArgs {
+  int rank = -1;
+  const void* buffer = nullptr;
+  std::size_t size = 0;
+  RemoteTarget target{};
+  Tag tag = 0;
+  CompletionObject* local = nullptr;
+  void* context = nullptr;
+};
+
+struct IoPart {
+  const void* buffer = nullptr;
+  std::size_t size = 0;
+};
+
+// One eager part plus several zero-copy parts in one active message.
+struct AmIovecArgs {
+  int rank = -1;
+  IoPart eager{};
+  std::vector<IoPart> parts;
+  RemoteTarget target{};
+  Tag tag = 0;
+  CompletionObject* local = nullptr;
+  void* context = nullptr;
+};
+
+struct SendArgs {
+  int rank = -1;
+  const void* buffer = nullptr;
+  std::size_t size = 0;
+  Tag tag = 0;
+  CompletionObject* local = nullptr;
+  void* context = nullptr;
+};
+
+struct RecvArgs {
+  int rank = any_source;
+  void* buffer = nullptr;
+  std::size_t size = 0;
+  Tag tag = any_tag;
+  CompletionObject* local = nullptr;
+  void* context = nullptr;
+};
+
+struct PutArgs {
+  int rank = -1;
+  const void* buffer = nullptr;
+  std::size_t size = 0;
+  RemoteKey remote{};
+  std::size_t offset = 0;           // into the remote region
+  CompletionObject* local = nullptr;
+  void* context = nullptr;
+  bool notify = false;              // also signal `notify_target` on the target rank
+  RemoteTarget notify_target{};
+  Tag notify_tag = 0;               // at most 0xFFFF
+};
+
+struct GetArgs {
+  int rank = -1;
+  void* buffer = nullptr;
+  std::size_t size = 0;
+  RemoteKey remote{};
+  std::size_t offset = 0;
+  CompletionObject* local = nullptr;
+  void* context = nullptr;
+};
+
+class Device {
+ public:
+  [[nodiscard]] Status post_am(const AmArgs& args);
+  [[nodiscard]] Status post_am_iovec(const AmIovecArgs& args);
+  [[nodiscard]] Status post_send(const SendArgs& args);
+  [[nodiscard]] Status post_recv(const RecvArgs& args);
+  [[nodiscard]] Status post_put(const PutArgs& args);
+  [[nodiscard]] Status post_get(const GetArgs& args);
+  // Polls the network once. True if anything happened. Returns false at once when another
+  // thread is polling this device.
+  bool progress();
+
+  // Registers [data, data+size) for RMA through this device.
+  MemoryRegion register_memory(void* data, std::size_t size);
+
+  int index() const noexcept;
+  std::size_t eager_limit() const noexcept;
+
+ private:
+  friend class detail::RuntimeImpl;
+  explicit Device(detail::DeviceImpl* impl) noexcept : impl_(impl) {}
+  detail::DeviceImpl* impl_;
+};
+
+// RAII registration of a remote target id; unregisters on destruction.
+class Exposure {
+ public:
+  Exposure() noexcept = default;
+  Exposure(Exposure&& other) noexcept : rt_(other.rt_), id_(other.id_) { other.rt_ = nullptr; }
+  Exposure& operator=(Exposure&& other) noexcept;
+  Exposure(const Exposure&) = delete;
+  Exposure& operator=(const Exposure&) = delete;
+  ~Exposure();
+  RemoteTarget target() const noexcept { return {id_}; }
+
+ private:
+  friend class Runtime;
+  Exposure(detail::RuntimeImpl* rt, std::uint16_t id) noexcept : rt_(rt), id_(id) {}
+  detail::RuntimeImpl* rt_ = nullptr;
+  std::uint16_t id_ = 0;
+};
+
+class Runtime {
+ public:
+  // Collective over all ranks of the job: bootstraps, opens the provider, exchanges addresses.
+  explicit Runtime(const RuntimeOptions& options = {});
+  // Collective: drains this rank's operations, waits for all ranks, then closes. After it,
+  // every call on the runtime or its devices throws ferry::Error.
+  void finalize();
+  // Finalizes if finalize() was not called.
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  int rank() const noexcept;
+  int size() const noexcept;
+  int device_count() const noexcept;
+  Device& device(int index = 0);
+  std::string provider() const;
+  std::string bootstrap() const;
+
+  // Makes `object` reachable from every rank as RemoteTarget{id}. Messages that arrive for an
+  // id before it is exposed wait for it. Throws if id is taken or >= FERRY_MAX_TARGETS.
+  [[nodiscard]] Exposure expose(CompletionObject& object, std::uint16_t id);
+
+  // Collective, blocking, for setup and teardown: does not progress the network.
+  void barrier();
+  // Bootstrap key-value exchange, for setup (e.g. sending RemoteKeys).
+  void kv_put(const std::string& key, const std::string& value);
+  void kv_fence();
+  std::string kv_get(int rank, const std::string& key);
+
+ private:
+  std::unique_ptr<detail::RuntimeImpl> impl_;
+};
+
+// Free-function spelling of Device::progress, for symmetry with the post calls.
+inline bool progress(Device& device) { return device.progress(); }
+
+// ferry's version, e.g. "0.1.0".
+const char* version() noexcept;
+
+}  // namespace ferry

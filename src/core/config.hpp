@@ -1,0 +1,35 @@
+// config.hpp — the option table resolved into typed values (options.hpp has the table).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "ferry/options.hpp"
+
+namespace ferry::detail {
+
+struct Config {
+  std::string bootstrap;
+  std::string provider;
+  int devices;
+  std::size_t packet_size;
+  std::size_t packets;
+  std::size_t prepost;
+  std::size_t send_credits;
+  std::size_t cq_capacity;
+  std::size_t max_targets;
+  std::size_t rdv_threshold;
+};
+
+// Explicit option, else environment, else default. Throws ferry::Error on a malformed value,
+// naming the variable and the value.
+Config resolve_config(const RuntimeOptions& options);
+
+// "4096", "8k", "64KiB", "1M", "2g" -> bytes. `what` names the setting in the error message.
+std::size_t parse_size(std::string_view what, std::string_view text);
+
+// The process-wide default for a CompletionQueue's capacity (FERRY_CQ_CAPACITY).
+std::size_t default_cq_capacity();
+
+}  // namespace ferry::detail

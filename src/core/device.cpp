@@ -1,0 +1,1036 @@
+#include "core/device.hpp"
+
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "core/runtime_impl.hpp"
+#include "core/wire.hpp"
+#include "ferry/error.hpp"
+
+namespace ferry::detail {
+
+namespace {
+
+constexpr std::size_t kHeader = sizeof(WireHeader);
+constexpr std::size_t kMaxSize = std::size_t{1} << 62;  // beyond this, size arithmetic is suspect
+constexpr int kPollBatch = 16;
+
+std::string str(std::size_t v) { return std::to_string(v); }
+
+// Returns the packet behind an active-message payload handed to the caller.
+void release_am_payload(void* pool, void* payload) noexcept {
+  static_cast<PacketPool*>(pool)->put(Packet::from_data(static_cast<unsigned char*>(payload) - kHeader));
+}
+
+// The eager part of an iovec active message stays in its RTS packet.
+void release_rts_payload(void* pool, void* payload) noexcept {
+  static_cast<PacketPool*>(pool)->put(
+      Packet::from_data(static_cast<unsigned char*>(payload) - kHeader - sizeof(RtsBody)));
+}
+
+void release_malloc(void*, void* data) noexcept { std::free(data); }
+
+void signal_local(CompletionObject* local, Completion&& c) noexcept {
+  if (local != nullptr) local->signal(std::move(c));
+}
+
+}  // namespace
+
+// ---- operation records of the large-message paths -------------------------------------
+
+// The sender's side of a rendezvous: lives until the receiver's FIN.
+struct SendOp {
+  OpKind op;
+  int rank;
+  Tag tag;
+  std::size_t size;
+  CompletionObject* local;
+  void* context;
+  std::vector<fid_mr*> mrs;
+};
+
+// One RMA transfer of at most max_msg_size bytes.
+struct Chunk {
+  OpContext ctx;  // first: libfabric's context
+  void* owner;    // RecvOp* or RmaOp*
+  unsigned char* local;
+  void* desc;  // FI_MR_LOCAL descriptor of `local`, or null
+  std::size_t size;
+  std::uint64_t remote_addr;
+  std::uint64_t key;
+};
+static_assert(offsetof(Chunk, ctx) == 0);
+
+// The receiver's side of a rendezvous: reads every part, then delivers and sends FIN.
+struct RecvOp {
+  enum class Goal : std::uint8_t { user_recv, am, iovec } goal;
+  DeviceImpl* device;
+  int rank;
+  Tag tag;
+  std::uint16_t target;
+  std::uint64_t send_op;
+  std::size_t size;  // bytes delivered (user_recv: after truncation)
+  int error = 0;
+  CompletionObject* local = nullptr;  // user_recv
+  void* context = nullptr;
+  Buffer eager;               // iovec: the eager part
+  std::vector<Buffer> parts;  // am: [0] is the whole message; iovec: each zero-copy part
+  std::vector<fid_mr*> mrs;   // FI_MR_LOCAL registrations of the destinations
+  std::vector<Chunk> chunks;
+  std::size_t issued = 0;
+  std::size_t completed = 0;
+};
+
+// A put or get of more than one chunk; a notifying put writes its last chunk with data after
+// all others completed, so the target never sees the notification before the data.
+struct RmaOp {
+  OpKind op;
+  int rank;
+  std::size_t size;
+  CompletionObject* local;
+  void* context;
+  bool notify;
+  std::uint64_t notify_data;
+  int error = 0;
+  fid_mr* mr = nullptr;
+  std::vector<Chunk> chunks;
+  std::size_t issued = 0;
+  std::size_t completed = 0;
+};
+
+RegionImpl::~RegionImpl() { net::close_mr(mr); }
+
+// ---- setup ----------------------------------------------------------------------------
+
+DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, net::Fabric& fabric, const Config& config)
+    : runtime_(runtime),
+      index_(index),
+      caps_(fabric.caps()),
+      config_(config),
+      pool_(std::make_unique<PacketPool>(config.packets, config.packet_size)),
+      endpoint_(fabric, 0),
+      eager_limit_(config.packet_size - kHeader),
+      credits_max_(config.send_credits != 0 ? config.send_credits
+                                            : (caps_.tx_size != 0 ? caps_.tx_size : 256)),
+      credits_(static_cast<std::int64_t>(credits_max_)) {
+  if (config.rdv_threshold != 0 && config.rdv_threshold < eager_limit_) eager_limit_ = config.rdv_threshold;
+  if (eager_limit_ > caps_.max_msg_size - kHeader) eager_limit_ = caps_.max_msg_size - kHeader;
+  // The packet slab is registered once; the descriptor matters only under FI_MR_LOCAL.
+  pool_mr_ = endpoint_.register_memory(pool_->slab(), pool_->slab_bytes(), FI_SEND | FI_RECV);
+  pool_desc_ = caps_.mr_local ? fi_mr_desc(pool_mr_) : nullptr;
+}
+
+DeviceImpl::~DeviceImpl() {
+  // Cancel what the provider still holds, then give the packets back so the pool can go.
+  fi_cancel(&endpoint_.ep()->fid, nullptr);
+  matching_.drain([this](Packet* p) { pool_->put_shared(p); });
+  net::close_mr(pool_mr_);
+  // endpoint_ closes in its destructor before pool_ frees the slab (declaration order).
+}
+
+void DeviceImpl::connect(const std::vector<std::string>& addresses) {
+  endpoint_.insert_addresses(addresses);
+  std::lock_guard<SpinLock> guard(poll_lock_);
+  repost();
+  if (posted_recvs_ == 0) throw Error("device " + std::to_string(index_) + ": could not post any receive buffer");
+}
+
+// ---- checks -----------------------------------------------------------------------------
+
+void DeviceImpl::check_alive(const char* call) const {
+  if (finalized_.load(std::memory_order_relaxed)) {
+    throw Error(std::string(call) + ": called after the runtime was finalized");
+  }
+}
+
+void DeviceImpl::check_rank(const char* call, int rank) const {
+  if (rank < 0 || rank >= runtime_.size()) {
+    throw Error(std::string(call) + ": rank=" + std::to_string(rank) + " is out of range; the job has " +
+                std::to_string(runtime_.size()) + " ranks (0.." + std::to_string(runtime_.size() - 1) + ")");
+  }
+}
+
+namespace {
+
+void check_buffer(const char* call, const char* name, const void* buffer, std::size_t size) {
+  if (buffer == nullptr && size != 0) {
+    throw Error(std::string(call) + ": " + name + "=null with size=" + str(size));
+  }
+  if (size > kMaxSize) throw Error(std::string(call) + ": size=" + str(size) + " is too large");
+}
+
+void check_tag(const char* call, Tag tag) {
+  if (tag > max_tag) {
+    throw Error(std::string(call) + ": tag=" + std::to_string(tag) + " is out of range; tags are 0.." +
+                std::to_string(max_tag));
+  }
+}
+
+}  // namespace
+
+// ---- credits and the deferred list ---------------------------------------------------
+
+bool DeviceImpl::take_credit() noexcept {
+  if (credits_.fetch_sub(1, std::memory_order_relaxed) > 0) return true;
+  credits_.fetch_add(1, std::memory_order_relaxed);
+  return false;
+}
+
+void DeviceImpl::return_credit() noexcept { credits_.fetch_add(1, std::memory_order_relaxed); }
+
+void DeviceImpl::defer(std::function<bool()> step) {
+  std::lock_guard<std::mutex> guard(deferred_mutex_);
+  deferred_.push_back(std::move(step));
+  deferred_count_.store(deferred_.size(), std::memory_order_relaxed);
+}
+
+void DeviceImpl::run_deferred() {
+  // Relaxed: a stale zero only postpones the work to the next progress call.
+  if (deferred_count_.load(std::memory_order_relaxed) == 0) return;
+  std::vector<std::function<bool()>> work;
+  {
+    std::unique_lock<std::mutex> guard(deferred_mutex_, std::try_to_lock);
+    if (!guard.owns_lock()) return;
+    work.swap(deferred_);
+    deferred_count_.store(0, std::memory_order_relaxed);
+  }
+  std::vector<std::function<bool()>> again;
+  for (auto& step : work) {
+    if (!step()) again.push_back(std::move(step));
+  }
+  if (!again.empty()) {
+    std::lock_guard<std::mutex> guard(deferred_mutex_);
+    for (auto& step : again) deferred_.push_back(std::move(step));
+    deferred_count_.store(deferred_.size(), std::memory_order_relaxed);
+  }
+}
+
+// ---- sending packets -------------------------------------------------------------------
+
+// Sends p's first `length` payload bytes to `rank`. The packet is consumed on every path.
+Status DeviceImpl::send_packet(Packet* p, int rank, std::size_t length) {
+  fid_ep* ep = endpoint_.ep();
+  if (length <= caps_.inject_size) {
+    const ssize_t rc = fi_inject(ep, p->data(), length, static_cast<fi_addr_t>(rank));
+    pool_->put(p);
+    if (rc == 0) return Status::make_done();
+    if (rc == -FI_EAGAIN) return Status::make_retry(RetryReason::provider);
+    throw Error(net::fi_error("fi_inject", rc) + " to rank " + std::to_string(rank));
+  }
+  if (!take_credit()) {
+    pool_->put(p);
+    return Status::make_retry(RetryReason::send_queue);
+  }
+  p->ctx.kind = CtxKind::send_packet;
+  const ssize_t rc = fi_send(ep, p->data(), length, pool_desc_, static_cast<fi_addr_t>(rank), &p->ctx.fi);
+  if (rc == 0) return Status::make_done();
+  return_credit();
+  pool_->put(p);
+  if (rc == -FI_EAGAIN) return Status::make_retry(RetryReason::provider);
+  throw Error(net::fi_error("fi_send", rc) + " to rank " + std::to_string(rank));
+}
+
+namespace {
+
+Packet* fill_header(Packet* p, MsgKind kind, std::uint16_t target, int src, Tag tag, std::uint32_t aux = 0) {
+  encode(p->data(), WireHeader{kind, 0, target, src, tag, aux});
+  return p;
+}
+
+}  // namespace
+
+Status DeviceImpl::post_am(const AmArgs& a) {
+  check_alive("post_am");
+  check_rank("post_am", a.rank);
+  check_buffer("post_am", "buffer", a.buffer, a.size);
+  check_tag("post_am", a.tag);
+  if (a.target.id >= runtime_.max_targets()) {
+    throw Error("post_am: target=" + std::to_string(a.target.id) + " is out of range; FERRY_MAX_TARGETS=" +
+                str(runtime_.max_targets()));
+  }
+  if (a.size > eager_limit_) {
+    return post_rendezvous(OpKind::am, a.rank, a.tag, a.target.id, a.buffer, a.size, a.local, a.context);
+  }
+  Packet* p = pool_->get();
+  if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
+  fill_header(p, MsgKind::am, a.target.id, runtime_.rank(), a.tag);
+  if (a.size != 0) std::memcpy(p->data() + kHeader, a.buffer, a.size);
+  return send_packet(p, a.rank, kHeader + a.size);
+}
+
+Status DeviceImpl::post_send(const SendArgs& a) {
+  check_alive("post_send");
+  check_rank("post_send", a.rank);
+  check_buffer("post_send", "buffer", a.buffer, a.size);
+  check_tag("post_send", a.tag);
+  if (a.size > eager_limit_) {
+    return post_rendezvous(OpKind::send, a.rank, a.tag, 0, a.buffer, a.size, a.local, a.context);
+  }
+  Packet* p = pool_->get();
+  if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
+  fill_header(p, MsgKind::msg, 0, runtime_.rank(), a.tag);
+  if (a.size != 0) std::memcpy(p->data() + kHeader, a.buffer, a.size);
+  return send_packet(p, a.rank, kHeader + a.size);
+}
+
+// Registers the sender's buffer and sends an RTS; the receiver reads and answers with FIN.
+Status DeviceImpl::post_rendezvous(OpKind op, int rank, Tag tag, std::uint16_t target, const void* buffer,
+                                   std::size_t size, CompletionObject* local, void* context) {
+  Packet* p = pool_->get();
+  if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
+  auto* send = new SendOp{op, rank, tag, size, local, context, {}};
+  try {
+    send->mrs.push_back(endpoint_.register_memory(buffer, size, FI_REMOTE_READ | FI_SEND));
+  } catch (...) {
+    pool_->put(p);
+    delete send;
+    throw;
+  }
+  fid_mr* mr = send->mrs[0];
+  fill_header(p, op == OpKind::am ? MsgKind::rts_am : MsgKind::rts_msg, target, runtime_.rank(), tag);
+  encode(p->data() + kHeader,
+         RtsBody{size, caps_.mr_virt_addr ? reinterpret_cast<std::uint64_t>(buffer) : 0, fi_mr_key(mr),
+                 reinterpret_cast<std::uint64_t>(send)});
+  open_ops_.fetch_add(1, std::memory_order_relaxed);
+  const Status s = send_packet(p, rank, kHeader + sizeof(RtsBody));
+  if (s.is_retry()) {
+    open_ops_.fetch_sub(1, std::memory_order_relaxed);
+    net::close_mr(mr);
+    delete send;
+    return s;
+  }
+  return Status::make_posted();
+}
+
+Status DeviceImpl::post_am_iovec(const AmIovecArgs& a) {
+  check_alive("post_am_iovec");
+  check_rank("post_am_iovec", a.rank);
+  check_buffer("post_am_iovec", "eager.buffer", a.eager.buffer, a.eager.size);
+  check_tag("post_am_iovec", a.tag);
+  if (a.target.id >= runtime_.max_targets()) {
+    throw Error("post_am_iovec: target=" + std::to_string(a.target.id) + " is out of range; FERRY_MAX_TARGETS=" +
+                str(runtime_.max_targets()));
+  }
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < a.parts.size(); ++i) {
+    check_buffer("post_am_iovec", ("parts[" + str(i) + "].buffer").c_str(), a.parts[i].buffer, a.parts[i].size);
+    if (total + a.parts[i].size < total) throw Error("post_am_iovec: the parts' sizes overflow");
+    total += a.parts[i].size;
+  }
+  const std::size_t need = kHeader + sizeof(RtsBody) + a.eager.size + a.parts.size() * sizeof(RtsPart);
+  if (need > config_.packet_size) {
+    throw Error("post_am_iovec: eager.size=" + str(a.eager.size) + " with " + str(a.parts.size()) +
+                " parts needs " + str(need) + " bytes; a packet holds " + str(config_.packet_size) +
+                " (FERRY_PACKET_SIZE)");
+  }
+  Packet* p = pool_->get();
+  if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
+  auto* send = new SendOp{OpKind::am, a.rank, a.tag, a.eager.size + total, a.local, a.context, {}};
+  unsigned char* at = p->data() + kHeader + sizeof(RtsBody);
+  if (a.eager.size != 0) std::memcpy(at, a.eager.buffer, a.eager.size);
+  at += a.eager.size;
+  try {
+    for (const IoPart& part : a.parts) {
+      std::uint64_t key = 0;
+      if (part.size != 0) {
+        send->mrs.push_back(endpoint_.register_memory(part.buffer, part.size, FI_REMOTE_READ | FI_SEND));
+        key = fi_mr_key(send->mrs.back());
+      }
+      encode(at, RtsPart{part.size, caps_.mr_virt_addr ? reinterpret_cast<std::uint64_t>(part.buffer) : 0, key});
+      at += sizeof(RtsPart);
+    }
+  } catch (...) {
+    for (fid_mr* mr : send->mrs) net::close_mr(mr);
+    delete send;
+    pool_->put(p);
+    throw;
+  }
+  fill_header(p, MsgKind::rts_iovec, a.target.id, runtime_.rank(), a.tag, static_cast<std::uint32_t>(a.parts.size()));
+  encode(p->data() + kHeader, RtsBody{a.eager.size, 0, 0, reinterpret_cast<std::uint64_t>(send)});
+  open_ops_.fetch_add(1, std::memory_order_relaxed);
+  const Status s = send_packet(p, a.rank, need);
+  if (s.is_retry()) {
+    open_ops_.fetch_sub(1, std::memory_order_relaxed);
+    for (fid_mr* mr : send->mrs) net::close_mr(mr);
+    delete send;
+    return s;
+  }
+  return Status::make_posted();
+}
+
+// ---- receiving ---------------------------------------------------------------------------
+
+Status DeviceImpl::post_recv(const RecvArgs& a) {
+  check_alive("post_recv");
+  if (a.rank != any_source) check_rank("post_recv", a.rank);
+  check_buffer("post_recv", "buffer", a.buffer, a.size);
+  if (a.tag != any_tag) check_tag("post_recv", a.tag);
+  Packet* r = pool_->get();
+  if (r == nullptr) return Status::make_retry(RetryReason::packet_pool);
+  r->rank = a.rank;
+  r->tag = a.tag;
+  r->buffer = a.buffer;
+  r->size = a.size;
+  r->local = a.local;
+  r->context = a.context;
+  Packet* m = matching_.add_recv(r);
+  if (m == nullptr) return Status::make_posted();
+  const auto h = decode<WireHeader>(m->data());
+  if (h.kind == MsgKind::rts_msg) {
+    start_rendezvous_recv(m, r);
+    return Status::make_posted();
+  }
+  // An eager message was already here: copy it out and finish now.
+  const std::size_t have = m->length - kHeader;
+  if (have > a.size) {  // truncation is reported through the completion object
+    deliver_message(r, m);
+    return Status::make_posted();
+  }
+  if (have != 0) std::memcpy(a.buffer, m->data() + kHeader, have);
+  Status s = Status::make_done();
+  s.rank = h.src;
+  s.tag = h.tag;
+  s.size = have;
+  pool_->put(m);
+  pool_->put(r);
+  return s;
+}
+
+// Copies an eager message into a matched receive and signals it. Consumes both packets.
+void DeviceImpl::deliver_message(Packet* recv, Packet* message) {
+  const auto h = decode<WireHeader>(message->data());
+  const std::size_t have = message->length - kHeader;
+  Completion c;
+  c.op = OpKind::recv;
+  c.rank = h.src;
+  c.tag = h.tag;
+  c.context = recv->context;
+  c.size = have <= recv->size ? have : recv->size;
+  if (have > recv->size) c.error = -FI_ETRUNC;
+  if (c.size != 0) std::memcpy(recv->buffer, message->data() + kHeader, c.size);
+  CompletionObject* local = recv->local;
+  pool_->put(message);
+  pool_->put(recv);
+  signal_local(local, std::move(c));
+}
+
+namespace {
+
+// Splits [local, local+size) read from (addr, key) into chunks of at most `max` bytes.
+void add_chunks(std::vector<Chunk>& out, void* owner, CtxKind kind, unsigned char* local, void* desc,
+                std::size_t size, std::uint64_t addr, std::uint64_t key, std::size_t max) {
+  for (std::size_t off = 0; off < size; off += max) {
+    Chunk c{};
+    c.ctx.kind = kind;
+    c.owner = owner;
+    c.local = local + off;
+    c.desc = desc;
+    c.size = size - off < max ? size - off : max;
+    c.remote_addr = addr + off;
+    c.key = key;
+    out.push_back(c);
+  }
+}
+
+}  // namespace
+
+// Issues a RecvOp's reads as credits allow; true when all are issued.
+static bool issue_reads(DeviceImpl& dev, RecvOp* op) {
+  fid_ep* ep = dev.endpoint().ep();
+  while (op->issued < op->chunks.size()) {
+    Chunk& c = op->chunks[op->issued];
+    if (!dev.take_credit()) return false;
+    const ssize_t rc = fi_read(ep, c.local, c.size, c.desc, static_cast<fi_addr_t>(op->rank), c.remote_addr, c.key, &c.ctx.fi);
+    if (rc == -FI_EAGAIN) {
+      dev.return_credit();
+      return false;
+    }
+    if (rc != 0) {
+      dev.return_credit();
+      std::fprintf(stderr, "ferry: %s reading %zu bytes from rank %d\n", net::fi_error("fi_read", rc).c_str(), c.size, op->rank);
+      op->error = static_cast<int>(rc);
+      ++op->completed;  // treat as finished-with-error so the op can complete
+    }
+    ++op->issued;
+  }
+  return true;
+}
+
+// Sends a FIN; false when it must be tried again later.
+static bool send_fin(DeviceImpl& dev, int rank, std::uint64_t send_op, int src) {
+  Packet* p = dev.pool().get();
+  if (p == nullptr) return false;
+  encode(p->data(), WireHeader{MsgKind::fin, 0, 0, src, 0, 0});
+  encode(p->data() + kHeader, FinBody{send_op});
+  try {
+    return !dev.send_packet(p, rank, kHeader + sizeof(FinBody)).is_retry();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry: rank %d: cannot send a rendezvous FIN to rank %d: %s\n", src, rank, e.what());
+    return true;
+  }
+}
+
+// Finishes a RecvOp whose reads are all complete: deliver, FIN, free.
+static void finish_recv_op(DeviceImpl& dev, RecvOp* op) {
+  for (fid_mr* mr : op->mrs) net::close_mr(mr);
+  op->mrs.clear();
+  Completion c;
+  c.rank = op->rank;
+  c.tag = op->tag;
+  c.size = op->size;
+  c.error = op->error;
+  const int src = dev.runtime().rank();
+  const int rank = op->rank;
+  const std::uint64_t send_op = op->send_op;
+  switch (op->goal) {
+    case RecvOp::Goal::user_recv:
+      c.op = OpKind::recv;
+      c.context = op->context;
+      signal_local(op->local, std::move(c));
+      break;
+    case RecvOp::Goal::am:
+      c.op = OpKind::remote_am;
+      c.buffer = std::move(op->parts[0]);
+      dev.runtime().deliver(op->target, std::move(c));
+      break;
+    case RecvOp::Goal::iovec:
+      c.op = OpKind::remote_am;
+      c.buffer = std::move(op->eager);
+      c.parts = std::move(op->parts);
+      dev.runtime().deliver(op->target, std::move(c));
+      break;
+  }
+  delete op;
+  dev.open_ops().fetch_sub(1, std::memory_order_relaxed);
+  if (!send_fin(dev, rank, send_op, src)) {
+    dev.defer([&dev, rank, send_op, src] { return send_fin(dev, rank, send_op, src); });
+  }
+}
+
+// Starts reading the message an RTS announces. `recv` is the matched user receive (rts_msg)
+// or null (rts_am, rts_iovec). Consumes both packets. Called by progress or by post_recv.
+void DeviceImpl::start_rendezvous_recv(Packet* rts, Packet* recv) {
+  const auto h = decode<WireHeader>(rts->data());
+  const auto body = decode<RtsBody>(rts->data() + kHeader);
+  auto* op = new RecvOp{};
+  op->device = this;
+  op->rank = h.src;
+  op->tag = h.tag;
+  op->target = h.target;
+  op->send_op = body.send_op;
+  const std::size_t max = caps_.max_msg_size;
+  // Under FI_MR_LOCAL each destination needs its own registration and descriptor.
+  auto reg_local = [&](void* dst, std::size_t n) -> void* {
+    if (!caps_.mr_local || n == 0) return nullptr;
+    op->mrs.push_back(endpoint_.register_memory(dst, n, FI_READ));
+    return fi_mr_desc(op->mrs.back());
+  };
+  try {
+    switch (h.kind) {
+      case MsgKind::rts_msg: {
+        op->goal = RecvOp::Goal::user_recv;
+        op->local = recv->local;
+        op->context = recv->context;
+        op->size = body.size <= recv->size ? body.size : recv->size;
+        if (body.size > recv->size) op->error = -FI_ETRUNC;
+        void* desc = reg_local(recv->buffer, op->size);
+        add_chunks(op->chunks, op, CtxKind::rdv_read, static_cast<unsigned char*>(recv->buffer), desc, op->size,
+                   body.addr, body.key, max);
+        pool_->put(recv);
+        break;
+      }
+      case MsgKind::rts_am: {
+        op->goal = RecvOp::Goal::am;
+        op->size = body.size;
+        void* dst = std::malloc(body.size);
+        if (dst == nullptr) throw Error("rendezvous: cannot allocate " + str(body.size) + " bytes for an active message");
+        op->parts.emplace_back(dst, body.size, &release_malloc, nullptr);
+        void* desc = reg_local(dst, body.size);
+        add_chunks(op->chunks, op, CtxKind::rdv_read, static_cast<unsigned char*>(dst), desc, body.size, body.addr,
+                   body.key, max);
+        break;
+      }
+      case MsgKind::rts_iovec: {
+        op->goal = RecvOp::Goal::iovec;
+        const unsigned char* at = rts->data() + kHeader + sizeof(RtsBody);
+        const std::size_t eager = body.size;
+        op->size = eager;
+        const unsigned char* table = at + eager;
+        for (std::uint32_t i = 0; i < h.aux; ++i) {
+          const auto part = decode<RtsPart>(table + i * sizeof(RtsPart));
+          void* dst = part.size != 0 ? std::malloc(part.size) : nullptr;
+          if (part.size != 0 && dst == nullptr) throw Error("rendezvous: cannot allocate " + str(part.size) + " bytes");
+          op->parts.emplace_back(dst, part.size, &release_malloc, nullptr);
+          op->size += part.size;
+          void* desc = reg_local(dst, part.size);
+          add_chunks(op->chunks, op, CtxKind::rdv_read, static_cast<unsigned char*>(dst), desc, part.size, part.addr,
+                     part.key, max);
+        }
+        // The eager part stays in the RTS packet, handed over as the completion's buffer.
+        op->eager = Buffer(rts->data() + kHeader + sizeof(RtsBody), eager, &release_rts_payload, pool_.get());
+        rts = nullptr;
+        break;
+      }
+      default:
+        break;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry: rank %d: dropping a rendezvous from rank %d: %s\n", runtime_.rank(), h.src, e.what());
+    op->error = -FI_ENOMEM;
+  }
+  if (rts != nullptr) pool_->put(rts);
+  open_ops_.fetch_add(1, std::memory_order_relaxed);
+  if (op->chunks.empty() || op->error != 0) {
+    finish_recv_op(*this, op);
+    return;
+  }
+  defer([this, op] {
+    if (!issue_reads(*this, op)) return false;
+    if (op->completed == op->chunks.size()) finish_recv_op(*this, op);
+    return true;
+  });
+}
+
+void DeviceImpl::on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src) {
+  (void)src;
+  --posted_recvs_;
+  if (e.len < kHeader || !valid_kind(p->data()[0])) {
+    std::fprintf(stderr, "ferry: rank %d device %d: dropped a malformed packet of %zu bytes\n", runtime_.rank(), index_,
+                 static_cast<std::size_t>(e.len));
+    pool_->put(p);
+    return;
+  }
+  const auto h = decode<WireHeader>(p->data());
+  p->length = static_cast<std::uint32_t>(e.len);
+  switch (h.kind) {
+    case MsgKind::am: {
+      Completion c;
+      c.op = OpKind::remote_am;
+      c.rank = h.src;
+      c.tag = h.tag;
+      c.size = e.len - kHeader;
+      c.buffer = Buffer(p->data() + kHeader, c.size, &release_am_payload, pool_.get());
+      runtime_.deliver(h.target, std::move(c));
+      return;
+    }
+    case MsgKind::msg:
+    case MsgKind::rts_msg: {
+      p->rank = h.src;
+      p->tag = h.tag;
+      Packet* r = matching_.add_message(p);
+      if (r == nullptr) return;  // unexpected: the packet waits in the matching engine
+      if (h.kind == MsgKind::msg) deliver_message(r, p); else start_rendezvous_recv(p, r);
+      return;
+    }
+    case MsgKind::rts_am:
+    case MsgKind::rts_iovec:
+      start_rendezvous_recv(p, nullptr);
+      return;
+    case MsgKind::fin: {
+      const auto fin = decode<FinBody>(p->data() + kHeader);
+      pool_->put(p);
+      auto* send = reinterpret_cast<SendOp*>(fin.send_op);
+      for (fid_mr* mr : send->mrs) net::close_mr(mr);
+      Completion c;
+      c.op = send->op;
+      c.rank = send->rank;
+      c.tag = send->tag;
+      c.size = send->size;
+      c.context = send->context;
+      CompletionObject* local = send->local;
+      delete send;
+      open_ops_.fetch_sub(1, std::memory_order_relaxed);
+      signal_local(local, std::move(c));
+      return;
+    }
+  }
+}
+
+void DeviceImpl::on_notification(const fi_cq_data_entry& e, std::uint64_t src) {
+  Completion c;
+  c.op = OpKind::remote_put;
+  c.rank = static_cast<int>(src);
+  c.tag = static_cast<Tag>(e.data & 0xFFFF);
+  c.size = e.len;
+  runtime_.deliver(static_cast<std::uint16_t>((e.data >> 16) & 0xFFFF), std::move(c));
+}
+
+// ---- RMA ------------------------------------------------------------------------------------
+
+namespace {
+
+void check_remote(const char* call, int rank, int device, const RemoteKey& key, std::size_t offset, std::size_t size) {
+  if (key.rank < 0 && key.size == 0) throw Error(std::string(call) + ": remote key is empty (never set from a MemoryRegion)");
+  if (key.rank != rank) {
+    throw Error(std::string(call) + ": remote key belongs to rank " + std::to_string(key.rank) + ", not rank=" +
+                std::to_string(rank));
+  }
+  if (key.device != device) {
+    throw Error(std::string(call) + ": remote key was registered on device " + std::to_string(key.device) +
+                ", but the operation uses device " + std::to_string(device));
+  }
+  if (offset > key.size || size > key.size - offset) {
+    throw Error(std::string(call) + ": offset=" + str(offset) + " + size=" + str(size) +
+                " is outside the remote region of " + str(key.size) + " bytes");
+  }
+}
+
+}  // namespace
+
+static bool issue_rma(DeviceImpl& dev, RmaOp* op) {
+  fid_ep* ep = dev.endpoint().ep();
+  const std::size_t n = op->chunks.size();
+  while (op->issued < n) {
+    const bool last = op->issued == n - 1;
+    // A notifying put writes its last chunk with data only once every other chunk completed.
+    if (last && op->notify && op->completed < n - 1) return false;
+    Chunk& c = op->chunks[op->issued];
+    if (!dev.take_credit()) return false;
+    ssize_t rc;
+    const auto to = static_cast<fi_addr_t>(op->rank);
+    if (op->op == OpKind::get) {
+      rc = fi_read(ep, c.local, c.size, c.desc, to, c.remote_addr, c.key, &c.ctx.fi);
+    } else if (last && op->notify) {
+      rc = fi_writedata(ep, c.local, c.size, c.desc, op->notify_data, to, c.remote_addr, c.key, &c.ctx.fi);
+    } else {
+      rc = fi_write(ep, c.local, c.size, c.desc, to, c.remote_addr, c.key, &c.ctx.fi);
+    }
+    if (rc == -FI_EAGAIN) {
+      dev.return_credit();
+      return false;
+    }
+    if (rc != 0) {
+      dev.return_credit();
+      op->error = static_cast<int>(rc);
+      ++op->completed;
+    }
+    ++op->issued;
+  }
+  return true;
+}
+
+static void finish_rma_op(DeviceImpl& dev, RmaOp* op) {
+  net::close_mr(op->mr);
+  Completion c;
+  c.op = op->op;
+  c.rank = op->rank;
+  c.size = op->size;
+  c.context = op->context;
+  c.error = op->error;
+  CompletionObject* local = op->local;
+  delete op;
+  dev.open_ops().fetch_sub(1, std::memory_order_relaxed);
+  signal_local(local, std::move(c));
+}
+
+namespace {
+
+struct RmaRequest {
+  OpKind op;
+  int rank;
+  unsigned char* local;
+  std::size_t size;
+  const RemoteKey& remote;
+  std::size_t offset;
+  CompletionObject* local_comp;
+  void* context;
+  bool notify;
+  std::uint64_t notify_data;
+};
+
+}  // namespace
+
+static Status post_rma(DeviceImpl& dev, const RmaRequest& r) {
+  const net::Caps& caps = dev.caps();
+  const std::uint64_t addr = (caps.mr_virt_addr ? r.remote.base : 0) + r.offset;
+  fid_ep* ep = dev.endpoint().ep();
+  const auto to = static_cast<fi_addr_t>(r.rank);
+  // Tiny puts need no context and no completion.
+  if (r.op == OpKind::put && !r.notify && r.size <= caps.inject_size) {
+    const ssize_t rc = fi_inject_write(ep, r.local, r.size, to, addr, r.remote.key);
+    if (rc == 0) return Status::make_done();
+    if (rc == -FI_EAGAIN) return Status::make_retry(RetryReason::provider);
+    throw Error(net::fi_error("fi_inject_write", rc) + " to rank " + std::to_string(r.rank));
+  }
+  if (r.size <= caps.max_msg_size) {
+    // One transfer: its state rides in a packet, so nothing is allocated.
+    Packet* p = dev.pool().get();
+    if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
+    fid_mr* mr = nullptr;
+    if (caps.mr_local && r.size != 0) {
+      mr = dev.endpoint().register_memory(r.local, r.size, r.op == OpKind::get ? FI_READ : FI_WRITE);
+    }
+    if (!dev.take_credit()) {
+      net::close_mr(mr);
+      dev.pool().put(p);
+      return Status::make_retry(RetryReason::send_queue);
+    }
+    p->ctx.kind = CtxKind::rma_single;
+    p->op = r.op;
+    p->rank = r.rank;
+    p->size = r.size;
+    p->local = r.local_comp;
+    p->context = r.context;
+    p->mr = mr;
+    void* desc = mr != nullptr ? fi_mr_desc(mr) : nullptr;
+    ssize_t rc;
+    if (r.op == OpKind::get) {
+      rc = fi_read(ep, r.local, r.size, desc, to, addr, r.remote.key, &p->ctx.fi);
+    } else if (r.notify) {
+      rc = fi_writedata(ep, r.local, r.size, desc, r.notify_data, to, addr, r.remote.key, &p->ctx.fi);
+    } else {
+      rc = fi_write(ep, r.local, r.size, desc, to, addr, r.remote.key, &p->ctx.fi);
+    }
+    if (rc == 0) return Status::make_posted();
+    dev.return_credit();
+    net::close_mr(mr);
+    dev.pool().put(p);
+    if (rc == -FI_EAGAIN) return Status::make_retry(RetryReason::provider);
+    throw Error(net::fi_error(r.op == OpKind::get ? "fi_read" : "fi_write", rc) + " to rank " + std::to_string(r.rank));
+  }
+  // Larger than one transfer: chunks, issued by progress.
+  auto* op = new RmaOp{};
+  op->op = r.op;
+  op->rank = r.rank;
+  op->size = r.size;
+  op->local = r.local_comp;
+  op->context = r.context;
+  op->notify = r.notify;
+  op->notify_data = r.notify_data;
+  try {
+    if (caps.mr_local) op->mr = dev.endpoint().register_memory(r.local, r.size, r.op == OpKind::get ? FI_READ : FI_WRITE);
+  } catch (...) {
+    delete op;
+    throw;
+  }
+  add_chunks(op->chunks, op, CtxKind::rma_chunk, r.local, op->mr != nullptr ? fi_mr_desc(op->mr) : nullptr, r.size,
+             addr, r.remote.key, caps.max_msg_size);
+  dev.open_ops().fetch_add(1, std::memory_order_relaxed);
+  dev.defer([&dev, op] {
+    issue_rma(dev, op);
+    return op->issued == op->chunks.size();
+  });
+  return Status::make_posted();
+}
+
+Status DeviceImpl::post_put(const PutArgs& a) {
+  check_alive("post_put");
+  check_rank("post_put", a.rank);
+  check_buffer("post_put", "buffer", a.buffer, a.size);
+  check_remote("post_put", a.rank, index_, a.remote, a.offset, a.size);
+  std::uint64_t data = 0;
+  if (a.notify) {
+    if (a.notify_target.id >= runtime_.max_targets()) {
+      throw Error("post_put: notify_target=" + std::to_string(a.notify_target.id) +
+                  " is out of range; FERRY_MAX_TARGETS=" + str(runtime_.max_targets()));
+    }
+    if (a.notify_tag > 0xFFFF) throw Error("post_put: notify_tag=" + std::to_string(a.notify_tag) + " is out of range 0..65535");
+    if (caps_.cq_data_size < 4) {
+      throw Error("post_put: notify needs 4 bytes of remote CQ data; provider " + caps_.provider + " offers " +
+                  str(caps_.cq_data_size));
+    }
+    data = (static_cast<std::uint64_t>(a.notify_target.id) << 16) | a.notify_tag;
+  }
+  return post_rma(*this, RmaRequest{OpKind::put, a.rank, static_cast<unsigned char*>(const_cast<void*>(a.buffer)), a.size,
+                                    a.remote, a.offset, a.local, a.context, a.notify, data});
+}
+
+Status DeviceImpl::post_get(const GetArgs& a) {
+  check_alive("post_get");
+  check_rank("post_get", a.rank);
+  check_buffer("post_get", "buffer", a.buffer, a.size);
+  check_remote("post_get", a.rank, index_, a.remote, a.offset, a.size);
+  if (a.size == 0) return Status::make_done();
+  return post_rma(*this, RmaRequest{OpKind::get, a.rank, static_cast<unsigned char*>(a.buffer), a.size, a.remote, a.offset,
+                                    a.local, a.context, false, 0});
+}
+
+MemoryRegion DeviceImpl::register_memory(void* data, std::size_t size) {
+  check_alive("register_memory");
+  check_buffer("register_memory", "data", data, size);
+  if (size == 0) throw Error("register_memory: size=0; a region needs at least one byte");
+  auto r = std::make_unique<RegionImpl>();
+  r->device = this;
+  r->data = data;
+  r->size = size;
+  r->mr = endpoint_.register_memory(data, size, FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE);
+  return MemoryRegion(std::move(r));
+}
+
+// ---- progress ---------------------------------------------------------------------------------
+
+void DeviceImpl::repost() {
+  fid_ep* ep = endpoint_.ep();
+  while (posted_recvs_ < config_.prepost) {
+    Packet* p = pool_->get();
+    if (p == nullptr) return;  // the pool is dry: try again on the next progress
+    p->ctx.kind = CtxKind::recv_packet;
+    const ssize_t rc = fi_recv(ep, p->data(), config_.packet_size, pool_desc_, FI_ADDR_UNSPEC, &p->ctx.fi);
+    if (rc != 0) {
+      pool_->put(p);
+      if (rc != -FI_EAGAIN) {
+        std::fprintf(stderr, "ferry: rank %d device %d: %s\n", runtime_.rank(), index_, net::fi_error("fi_recv", rc).c_str());
+      }
+      return;
+    }
+    ++posted_recvs_;
+  }
+}
+
+void DeviceImpl::on_error(const fi_cq_err_entry& e) {
+  auto* ctx = static_cast<OpContext*>(e.op_context);
+  const int err = -static_cast<int>(e.err);
+  if (ctx == nullptr) {
+    std::fprintf(stderr, "ferry: rank %d device %d: error completion %s\n", runtime_.rank(), index_,
+                 fi_strerror(static_cast<int>(e.err)));
+    return;
+  }
+  switch (ctx->kind) {
+    case CtxKind::recv_packet: {
+      auto* p = reinterpret_cast<Packet*>(ctx);
+      --posted_recvs_;
+      if (e.err != FI_ECANCELED) {
+        std::fprintf(stderr, "ferry: rank %d device %d: receive failed: %s\n", runtime_.rank(), index_,
+                     fi_strerror(static_cast<int>(e.err)));
+      }
+      pool_->put(p);
+      return;
+    }
+    case CtxKind::send_packet: {
+      // An eager send already returned done: the caller cannot be told, so say it loudly.
+      auto* p = reinterpret_cast<Packet*>(ctx);
+      return_credit();
+      const auto h = decode<WireHeader>(p->data());
+      std::fprintf(stderr, "ferry: rank %d device %d: a send failed: %s\n", runtime_.rank(), index_,
+                   fi_strerror(static_cast<int>(e.err)));
+      (void)h;
+      pool_->put(p);
+      return;
+    }
+    case CtxKind::rma_single: {
+      auto* p = reinterpret_cast<Packet*>(ctx);
+      return_credit();
+      net::close_mr(static_cast<fid_mr*>(p->mr));
+      Completion c;
+      c.op = p->op;
+      c.rank = p->rank;
+      c.size = p->size;
+      c.context = p->context;
+      c.error = err;
+      CompletionObject* local = p->local;
+      pool_->put(p);
+      signal_local(local, std::move(c));
+      return;
+    }
+    case CtxKind::rma_chunk: {
+      auto* chunk = reinterpret_cast<Chunk*>(ctx);
+      auto* op = static_cast<RmaOp*>(chunk->owner);
+      return_credit();
+      op->error = err;
+      if (++op->completed == op->chunks.size()) finish_rma_op(*this, op);
+      return;
+    }
+    case CtxKind::rdv_read: {
+      auto* chunk = reinterpret_cast<Chunk*>(ctx);
+      auto* op = static_cast<RecvOp*>(chunk->owner);
+      return_credit();
+      op->error = err;
+      std::fprintf(stderr, "ferry: rank %d: rendezvous read from rank %d failed: %s\n", runtime_.rank(), op->rank,
+                   fi_strerror(static_cast<int>(e.err)));
+      if (++op->completed == op->chunks.size() && op->issued == op->chunks.size()) finish_recv_op(*this, op);
+      return;
+    }
+  }
+}
+
+bool DeviceImpl::progress() {
+  if (!poll_lock_.try_lock()) return false;
+  std::lock_guard<SpinLock> guard(poll_lock_, std::adopt_lock);
+  fi_cq_data_entry entries[kPollBatch];
+  fi_addr_t sources[kPollBatch];
+  bool any = false;
+  const ssize_t n = fi_cq_readfrom(endpoint_.cq(), entries, kPollBatch, sources);
+  if (n > 0) {
+    any = true;
+    for (ssize_t i = 0; i < n; ++i) {
+      const fi_cq_data_entry& e = entries[i];
+      if ((e.flags & FI_REMOTE_CQ_DATA) != 0 && (e.flags & FI_REMOTE_WRITE) != 0) {
+        on_notification(e, sources[i]);
+        if (e.op_context != nullptr) {  // FI_RX_CQ_DATA: the write consumed a posted receive
+          --posted_recvs_;
+          pool_->put(reinterpret_cast<Packet*>(e.op_context));
+        }
+        continue;
+      }
+      auto* ctx = static_cast<OpContext*>(e.op_context);
+      if (ctx == nullptr) continue;
+      switch (ctx->kind) {
+        case CtxKind::recv_packet:
+          on_recv(reinterpret_cast<Packet*>(ctx), e, sources[i]);
+          break;
+        case CtxKind::send_packet:
+          return_credit();
+          pool_->put(reinterpret_cast<Packet*>(ctx));
+          break;
+        case CtxKind::rma_single: {
+          auto* p = reinterpret_cast<Packet*>(ctx);
+          return_credit();
+          net::close_mr(static_cast<fid_mr*>(p->mr));
+          Completion c;
+          c.op = p->op;
+          c.rank = p->rank;
+          c.size = p->size;
+          c.context = p->context;
+          CompletionObject* local = p->local;
+          pool_->put(p);
+          signal_local(local, std::move(c));
+          break;
+        }
+        case CtxKind::rma_chunk: {
+          auto* op = static_cast<RmaOp*>(reinterpret_cast<Chunk*>(ctx)->owner);
+          return_credit();
+          if (++op->completed == op->chunks.size()) {
+            finish_rma_op(*this, op);
+          } else if (op->notify && op->issued < op->chunks.size()) {
+            issue_rma(*this, op);  // the notifying chunk may be due now
+          }
+          break;
+        }
+        case CtxKind::rdv_read: {
+          auto* op = static_cast<RecvOp*>(reinterpret_cast<Chunk*>(ctx)->owner);
+          return_credit();
+          if (++op->completed == op->chunks.size() && op->issued == op->chunks.size()) finish_recv_op(*this, op);
+          break;
+        }
+      }
+    }
+  } else if (n == -FI_EAVAIL) {
+    fi_cq_err_entry err{};
+    if (fi_cq_readerr(endpoint_.cq(), &err, 0) > 0) {
+      any = true;
+      on_error(err);
+    }
+  }
+  run_deferred();
+  if (posted_recvs_ < config_.prepost) repost();
+  return any;
+}
+
+std::size_t DeviceImpl::drain(double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  auto busy = [this] {
+    return open_ops_.load(std::memory_order_relaxed) +
+           (credits_max_ - static_cast<std::size_t>(credits_.load(std::memory_order_relaxed))) +
+           deferred_count_.load(std::memory_order_relaxed);
+  };
+  while (busy() != 0 && std::chrono::steady_clock::now() < deadline) progress();
+  return busy();
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,131 @@
+// device.hpp — one device: an endpoint, its completion queue, packets, and the protocols.
+//
+// Code paths and their rules
+//  - small-message path (post_am / post_send up to eager_limit(), and progress delivering
+//    them): a packet from the pool (thread cache), one memcpy, fi_inject or fi_send; on the
+//    receiver one fi_cq_read, a push into the target completion queue, one fi_recv repost.
+//    No allocation, no blocking lock, no system call but the provider's.
+//  - rendezvous and multi-chunk RMA: may allocate an operation record and register memory;
+//    network calls for them are issued by progress from the deferred list.
+//  - setup/teardown: anything goes.
+// Progress runs under a try-lock: one thread polls a device at a time and others return at
+// once. Everything only progress touches (posted receive count, deferred list drain) is
+// owned by the lock holder.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/matching.hpp"
+#include "core/packet_pool.hpp"
+#include "core/spinlock.hpp"
+#include "ferry/runtime.hpp"
+#include "net/fabric.hpp"
+
+struct fi_cq_data_entry;
+struct fi_cq_err_entry;
+
+namespace ferry::detail {
+
+class RuntimeImpl;
+struct SendOp;
+struct RecvOp;
+struct RmaOp;
+
+struct RegionImpl {
+  class DeviceImpl* device = nullptr;
+  void* data = nullptr;
+  std::size_t size = 0;
+  fid_mr* mr = nullptr;
+  ~RegionImpl();
+};
+
+class DeviceImpl {
+ public:
+  DeviceImpl(RuntimeImpl& runtime, int index, net::Fabric& fabric, const Config& config);
+  ~DeviceImpl();
+  DeviceImpl(const DeviceImpl&) = delete;
+  DeviceImpl& operator=(const DeviceImpl&) = delete;
+
+  std::string address() const { return endpoint_.address(); }
+  // Inserts peers' addresses and posts the receive buffers.
+  void connect(const std::vector<std::string>& addresses);
+
+  Status post_am(const AmArgs& a);
+  Status post_am_iovec(const AmIovecArgs& a);
+  Status post_send(const SendArgs& a);
+  Status post_recv(const RecvArgs& a);
+  Status post_put(const PutArgs& a);
+  Status post_get(const GetArgs& a);
+  bool progress();
+  MemoryRegion register_memory(void* data, std::size_t size);
+
+  int index() const noexcept { return index_; }
+  std::size_t eager_limit() const noexcept { return eager_limit_; }
+  const net::Caps& caps() const noexcept { return caps_; }
+  net::Endpoint& endpoint() noexcept { return endpoint_; }
+
+  // Teardown: progress until this device's own operations are complete or `seconds` pass.
+  // Returns the number still in flight.
+  std::size_t drain(double seconds);
+  void mark_finalized() noexcept { finalized_.store(true, std::memory_order_relaxed); }
+
+  // Used by the protocol records (device.cpp).
+  void defer(std::function<bool()> step);
+  bool take_credit() noexcept;
+  void return_credit() noexcept;
+  void* pool_desc() const noexcept { return pool_desc_; }
+  PacketPool& pool() noexcept { return *pool_; }
+  RuntimeImpl& runtime() noexcept { return runtime_; }
+  std::atomic<std::size_t>& open_ops() noexcept { return open_ops_; }
+
+  // Sends p's first `length` payload bytes to `rank`; consumes the packet on every path.
+  Status send_packet(Packet* p, int rank, std::size_t length);
+
+ private:
+  void check_alive(const char* call) const;
+  void check_rank(const char* call, int rank) const;
+  Status post_rendezvous(OpKind op, int rank, Tag tag, std::uint16_t target, const void* buffer,
+                         std::size_t size, CompletionObject* local, void* context);
+  void on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src);
+  void on_notification(const fi_cq_data_entry& e, std::uint64_t src);
+  void on_error(const fi_cq_err_entry& e);
+  void deliver_message(Packet* recv, Packet* message);
+  void start_rendezvous_recv(Packet* rts, Packet* recv);
+  void repost();
+  void run_deferred();
+
+  RuntimeImpl& runtime_;
+  const int index_;
+  const net::Caps& caps_;
+  const Config& config_;
+  std::unique_ptr<PacketPool> pool_;
+  net::Endpoint endpoint_;
+  fid_mr* pool_mr_ = nullptr;
+  void* pool_desc_ = nullptr;
+  std::size_t eager_limit_;
+  std::size_t credits_max_;
+
+  SpinLock poll_lock_;
+  std::size_t posted_recvs_ = 0;  // owned by the poll lock holder
+  MatchingEngine matching_;
+
+  // Free send credits. Relaxed: a credit is a count, it guards no other memory.
+  alignas(cache_line) std::atomic<std::int64_t> credits_;
+  // Rendezvous and RMA records not yet finished (teardown waits for zero). Relaxed: a count.
+  std::atomic<std::size_t> open_ops_{0};
+  std::atomic<bool> finalized_{false};
+
+  std::mutex deferred_mutex_;  // large-message path only; progress takes it with try_lock
+  std::vector<std::function<bool()>> deferred_;
+  std::atomic<std::size_t> deferred_count_{0};
+};
+
+}  // namespace ferry::detail

@@ -1,0 +1,89 @@
+// matching.hpp — pairs posted receives with arriving tagged messages (send/recv).
+//
+// Contract
+//  - Entries are Packets: a posted receive is a packet holding the receive's descriptor
+//    (rank or any_source, tag or any_tag, buffer, size); an unexpected message is the packet
+//    it arrived in, with its sender and tag copied into rank/tag.
+//  - add_recv(r) returns the oldest unexpected message r matches (removing it), or queues r.
+//    add_message(m) returns the oldest posted receive that matches m (removing it), or queues
+//    m. So a receive gets messages in arrival order, and messages receives in posting order
+//    (MPI's non-overtaking rule, per device).
+//  - Any thread may call either, concurrently. Both lists sit under one short spin lock per
+//    device: the critical section is a list walk with no allocation and no system call.
+#pragma once
+
+#include <cstdint>
+
+#include "core/packet_pool.hpp"
+#include "core/spinlock.hpp"
+#include "ferry/completion.hpp"
+
+namespace ferry::detail {
+
+inline bool tags_match(int want_rank, Tag want_tag, int rank, Tag tag) noexcept {
+  return (want_rank == any_source || want_rank == rank) && (want_tag == any_tag || want_tag == tag);
+}
+
+class MatchingEngine {
+ public:
+  Packet* add_recv(Packet* recv) noexcept {
+    std::lock_guard<SpinLock> guard(lock_);
+    if (Packet* m = take(messages_, [&](const Packet* p) { return tags_match(recv->rank, recv->tag, p->rank, p->tag); })) {
+      return m;
+    }
+    append(recvs_, recv);
+    return nullptr;
+  }
+
+  Packet* add_message(Packet* message) noexcept {
+    std::lock_guard<SpinLock> guard(lock_);
+    if (Packet* r = take(recvs_, [&](const Packet* p) { return tags_match(p->rank, p->tag, message->rank, message->tag); })) {
+      return r;
+    }
+    append(messages_, message);
+    return nullptr;
+  }
+
+  // Empties both lists into `out` (teardown).
+  template <class F>
+  void drain(F&& out) noexcept {
+    std::lock_guard<SpinLock> guard(lock_);
+    for (List* l : {&recvs_, &messages_}) {
+      for (Packet* p = l->head; p != nullptr;) {
+        Packet* next = p->next;
+        out(p);
+        p = next;
+      }
+      *l = List{};
+    }
+  }
+
+ private:
+  struct List {
+    Packet* head = nullptr;
+    Packet* tail = nullptr;
+  };
+  static void append(List& l, Packet* p) noexcept {
+    p->next = nullptr;
+    if (l.tail != nullptr) l.tail->next = p; else l.head = p;
+    l.tail = p;
+  }
+  template <class Pred>
+  static Packet* take(List& l, Pred&& pred) noexcept {
+    Packet* prev = nullptr;
+    for (Packet* p = l.head; p != nullptr; prev = p, p = p->next) {
+      if (!pred(p)) continue;
+      if (prev != nullptr) prev->next = p->next; else l.head = p->next;
+      if (l.tail == p) l.tail = prev;
+      p->next = nullptr;
+      return p;
+    }
+    return nullptr;
+  }
+
+  SpinLock lock_;
+  List recvs_;
+  List messages_;
+};
+
+}  // namespace ferry::detail

@@ -1,0 +1,125 @@
+// mpmc_ring.hpp — a bounded multi-producer multi-consumer queue on a ring of cells.
+//
+// Contract
+//  - Any number of threads may call try_push and try_pop concurrently.
+//  - try_push returns false only when the ring is full; try_pop returns false only when it
+//    is empty (or the one cell it needs is still being written by a producer that claimed
+//    it: the consumer then reports "empty" instead of waiting — it never spins on another
+//    thread, so a preempted producer delays only its own element).
+//  - Elements are delivered FIFO with respect to the order in which producers claimed slots.
+//  - Capacity is rounded up to a power of two. T must be nothrow-move-constructible.
+//  - No allocation after construction.
+//
+// Algorithm: every cell carries a sequence number. A producer at position p may write cell
+// p % N when seq == p; it claims p by CAS on the tail, writes, then publishes seq = p + 1. A
+// consumer at position p may read when seq == p + 1; it claims p by CAS on the head, reads,
+// then frees the cell for the next lap with seq = p + N.
+//
+// Memory orders
+//  - seq loads are acquire and seq stores release: they carry the element's bytes from the
+//    producer to the consumer and the cell's emptiness from the consumer to the next producer.
+//  - head/tail CASes and loads are relaxed: a position is only a ticket; the data handoff is
+//    entirely through seq, so the ticket need not order any other memory.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <type_traits>
+#include <utility>
+
+namespace ferry::detail {
+
+inline constexpr std::size_t cache_line = 64;
+
+template <class T>
+class MpmcRing {
+  static_assert(std::is_nothrow_move_constructible_v<T>, "MpmcRing needs a nothrow move");
+
+ public:
+  explicit MpmcRing(std::size_t capacity) : mask_(round_up(capacity) - 1), cells_(new Cell[mask_ + 1]) {
+    for (std::size_t i = 0; i <= mask_; ++i) cells_[i].seq.store(i, std::memory_order_relaxed);
+  }
+  ~MpmcRing() {
+    // Destroy what is still queued (single-threaded by contract at destruction).
+    T item;
+    while (try_pop(item)) {
+    }
+  }
+  MpmcRing(const MpmcRing&) = delete;
+  MpmcRing& operator=(const MpmcRing&) = delete;
+
+  std::size_t capacity() const noexcept { return mask_ + 1; }
+
+  template <class U>
+  bool try_push(U&& value) noexcept {
+    std::size_t pos = tail_.load(std::memory_order_relaxed);
+    for (;;) {
+      Cell& cell = cells_[pos & mask_];
+      const std::size_t seq = cell.seq.load(std::memory_order_acquire);
+      const auto diff = static_cast<std::intptr_t>(seq) - static_cast<std::intptr_t>(pos);
+      if (diff == 0) {
+        if (tail_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+          ::new (cell.storage()) T(std::forward<U>(value));
+          cell.seq.store(pos + 1, std::memory_order_release);
+          return true;
+        }
+      } else if (diff < 0) {
+        return false;  // full: the cell still holds last lap's element
+      } else {
+        pos = tail_.load(std::memory_order_relaxed);
+      }
+    }
+  }
+
+  bool try_pop(T& out) noexcept {
+    std::size_t pos = head_.load(std::memory_order_relaxed);
+    for (;;) {
+      Cell& cell = cells_[pos & mask_];
+      const std::size_t seq = cell.seq.load(std::memory_order_acquire);
+      const auto diff = static_cast<std::intptr_t>(seq) - static_cast<std::intptr_t>(pos + 1);
+      if (diff == 0) {
+        if (head_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+          T* item = std::launder(reinterpret_cast<T*>(cell.storage()));
+          out = std::move(*item);
+          item->~T();
+          cell.seq.store(pos + mask_ + 1, std::memory_order_release);
+          return true;
+        }
+      } else if (diff < 0) {
+        return false;  // empty, or its producer has not published yet
+      } else {
+        pos = head_.load(std::memory_order_relaxed);
+      }
+    }
+  }
+
+  // A snapshot; exact only when no thread is pushing or popping.
+  std::size_t size_approx() const noexcept {
+    const std::size_t t = tail_.load(std::memory_order_relaxed);
+    const std::size_t h = head_.load(std::memory_order_relaxed);
+    return t >= h ? t - h : 0;
+  }
+
+ private:
+  struct Cell {
+    std::atomic<std::size_t> seq;
+    alignas(T) unsigned char bytes[sizeof(T)];
+    void* storage() noexcept { return bytes; }
+  };
+  static std::size_t round_up(std::size_t n) {
+    std::size_t p = 2;
+    while (p < n) p <<= 1;
+    return p;
+  }
+
+  // Producers and consumers hammer different counters: keep them on separate lines.
+  alignas(cache_line) std::atomic<std::size_t> head_{0};
+  alignas(cache_line) std::atomic<std::size_t> tail_{0};
+  alignas(cache_line) const std::size_t mask_;
+  std::unique_ptr<Cell[]> cells_;
+};
+
+}  // namespace ferry::detail

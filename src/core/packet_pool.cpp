@@ -1,0 +1,149 @@
+#include "core/packet_pool.hpp"
+
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "ferry/error.hpp"
+
+namespace ferry::detail {
+
+namespace {
+
+constexpr std::size_t kMaxPools = 256;
+
+// Which pool owns each cache slot now. Only touched when a pool is made or destroyed and when
+// a thread exits: never on the get/put path.
+struct Registry {
+  std::mutex mutex;
+  std::array<PacketPool*, kMaxPools> pool{};
+  std::array<std::uint64_t, kMaxPools> generation{};
+  std::uint64_t next_generation = 1;
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+}  // namespace
+
+struct PacketPool::ThreadCache {
+  std::uint64_t generation = 0;
+  std::uint32_t count = 0;
+  Packet* items[kCacheSize];
+};
+
+namespace {
+
+// A thread's caches for every pool slot. On thread exit the cached packets go back to their
+// pool if that pool still exists.
+struct CacheTable {
+  std::array<PacketPool::ThreadCache*, kMaxPools> slot{};
+  ~CacheTable();
+};
+
+}  // namespace
+
+// The table lives outside the class so the TLS destructor can reach the pool's ring.
+static thread_local CacheTable tls_caches;
+
+CacheTable::~CacheTable() {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> guard(reg.mutex);
+  for (std::size_t s = 0; s < kMaxPools; ++s) {
+    PacketPool::ThreadCache* c = slot[s];
+    if (c == nullptr) continue;
+    if (reg.pool[s] != nullptr && reg.generation[s] == c->generation) {
+      for (std::uint32_t i = 0; i < c->count; ++i) reg.pool[s]->put_shared(c->items[i]);
+    }
+    delete c;
+  }
+}
+
+PacketPool::PacketPool(std::size_t count, std::size_t payload_size)
+    : count_(count),
+      payload_(payload_size),
+      stride_(sizeof(Packet) + ((payload_size + cache_line - 1) / cache_line) * cache_line),
+      slab_(nullptr),
+      free_(count),
+      cached_(count >= kMinCachedPool) {
+  if (count == 0) throw Error("FERRY_PACKETS=0: a device needs at least one packet");
+  if (payload_size > UINT32_MAX) throw Error("FERRY_PACKET_SIZE=" + std::to_string(payload_size) + " is too large");
+  slab_ = static_cast<unsigned char*>(std::aligned_alloc(4096, ((stride_ * count + 4095) / 4096) * 4096));
+  if (slab_ == nullptr) throw Error("packet pool: cannot allocate " + std::to_string(stride_ * count) + " bytes");
+  std::memset(slab_, 0, stride_ * count);
+  for (std::size_t i = 0; i < count; ++i) {
+    auto* p = new (slab_ + i * stride_) Packet{};
+    p->pool = this;
+    p->capacity = static_cast<std::uint32_t>(payload_size);
+    (void)free_.try_push(p);  // the ring holds at least `count` cells
+  }
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> guard(reg.mutex);
+  std::size_t s = 0;
+  while (s < kMaxPools && reg.pool[s] != nullptr) ++s;
+  if (s == kMaxPools) {
+    std::free(slab_);
+    throw Error("packet pool: more than " + std::to_string(kMaxPools) + " devices alive in one process");
+  }
+  slot_ = static_cast<std::uint32_t>(s);
+  generation_ = reg.next_generation++;
+  reg.pool[s] = this;
+  reg.generation[s] = generation_;
+}
+
+PacketPool::~PacketPool() {
+  {
+    Registry& reg = registry();
+    std::lock_guard<std::mutex> guard(reg.mutex);
+    reg.pool[slot_] = nullptr;
+    reg.generation[slot_] = 0;
+  }
+  std::free(slab_);
+}
+
+PacketPool::ThreadCache* PacketPool::cache() noexcept {
+  ThreadCache*& c = tls_caches.slot[slot_];
+  if (c == nullptr) {
+    c = new (std::nothrow) ThreadCache;  // once per thread and pool slot, not per message
+    if (c == nullptr) return nullptr;
+  }
+  if (c->generation != generation_) {  // a previous pool used this slot: forget its packets
+    c->generation = generation_;
+    c->count = 0;
+  }
+  return c;
+}
+
+Packet* PacketPool::get() noexcept {
+  if (cached_) {
+    ThreadCache* c = cache();
+    if (c != nullptr && c->count > 0) return c->items[--c->count];
+  }
+  Packet* p = nullptr;
+  return free_.try_pop(p) ? p : nullptr;
+}
+
+void PacketPool::put(Packet* packet) noexcept {
+  if (cached_) {
+    ThreadCache* c = cache();
+    if (c != nullptr && c->count < kCacheSize) {
+      c->items[c->count++] = packet;
+      return;
+    }
+  }
+  put_shared(packet);
+}
+
+void PacketPool::put_shared(Packet* packet) noexcept {
+  // Cannot fail: the ring has a cell for every packet this pool owns.
+  (void)free_.try_push(packet);
+}
+
+void PacketPool::release_payload(void* pool, void* payload) noexcept {
+  static_cast<PacketPool*>(pool)->put(Packet::from_data(payload));
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,95 @@
+// packet_pool.hpp — fixed-size, pre-registered packets for one device.
+//
+// Contract
+//  - get() and put() may be called by any thread, concurrently; neither blocks nor allocates.
+//  - get() returns nullptr when no packet is free: the caller reports retry(packet_pool).
+//  - Every packet comes from one slab allocated (and registered with the provider by the
+//    device) at construction; a packet returns to the pool that made it.
+//  - Each thread keeps a small private cache per pool so the common get/put pair touches no
+//    shared cache line. Pools smaller than kMinCachedPool packets cache nothing, so a tiny
+//    pool's packets cannot be stranded in an idle thread's cache.
+//  - A pool must outlive every get/put on it. When it is destroyed, threads' caches of it are
+//    invalidated by a generation number, never dereferenced.
+#pragma once
+
+#include <cstddef>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <cstddef>
+
+#include "core/mpmc_ring.hpp"
+#include "core/op_context.hpp"
+#include "ferry/completion.hpp"
+
+namespace ferry::detail {
+
+class PacketPool;
+
+// The metadata in front of each packet's payload. The payload starts at data(); what the
+// metadata fields mean depends on what the packet is doing (OpContext::kind).
+struct alignas(cache_line) Packet {
+  OpContext ctx;  // must be first: libfabric hands back &ctx.fi as the op context
+  PacketPool* pool;
+  std::uint32_t capacity;  // payload bytes
+  std::uint32_t length;    // payload bytes in use
+  // Scratch for the operation this packet carries (recv descriptor, rma op, match entry).
+  Packet* next;
+  void* buffer;
+  std::size_t size;
+  CompletionObject* local;
+  void* context;
+  std::int32_t rank;
+  std::uint32_t tag;
+  void* mr;  // a temporary registration this op owns (fid_mr*), or null
+  OpKind op;
+  bool notify;
+  unsigned char* data() noexcept { return reinterpret_cast<unsigned char*>(this) + sizeof(Packet); }
+  static Packet* from_data(void* payload) noexcept {
+    return reinterpret_cast<Packet*>(static_cast<unsigned char*>(payload) - sizeof(Packet));
+  }
+};
+static_assert(sizeof(Packet) % cache_line == 0, "payloads must stay cache-line aligned");
+static_assert(offsetof(Packet, ctx) == 0, "libfabric's context pointer is the packet pointer");
+
+class PacketPool {
+ public:
+  static constexpr std::size_t kMinCachedPool = 512;
+  static constexpr std::size_t kCacheSize = 16;
+
+  PacketPool(std::size_t count, std::size_t payload_size);
+  ~PacketPool();
+  PacketPool(const PacketPool&) = delete;
+  PacketPool& operator=(const PacketPool&) = delete;
+
+  Packet* get() noexcept;
+  void put(Packet* packet) noexcept;
+  // Straight to the shared ring, bypassing this thread's cache.
+  void put_shared(Packet* packet) noexcept;
+
+  void* slab() const noexcept { return slab_; }
+  std::size_t slab_bytes() const noexcept { return stride_ * count_; }
+  std::size_t count() const noexcept { return count_; }
+  std::size_t payload_size() const noexcept { return payload_; }
+  // Packets in the shared ring (not counting per-thread caches).
+  std::size_t available_approx() const noexcept { return free_.size_approx(); }
+
+  // Buffer::Release for packets handed to the caller.
+  static void release_payload(void* pool, void* payload) noexcept;
+
+  struct ThreadCache;
+
+ private:
+  ThreadCache* cache() noexcept;
+
+  std::size_t count_;
+  std::size_t payload_;
+  std::size_t stride_;
+  unsigned char* slab_;
+  MpmcRing<Packet*> free_;
+  bool cached_;
+  std::uint32_t slot_;        // index into each thread's cache table
+  std::uint64_t generation_;  // distinguishes this pool from earlier ones in the same slot
+};
+
+}  // namespace ferry::detail

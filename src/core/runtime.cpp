@@ -1,0 +1,221 @@
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/runtime_impl.hpp"
+#include "ferry/error.hpp"
+
+namespace ferry {
+
+namespace detail {
+
+namespace {
+
+std::string hostname() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+// "auto": shared memory when every rank is on this host, else libfabric's best network.
+std::string choose_provider(const std::string& wanted, bootstrap::Bootstrap& boot) {
+  if (wanted != "auto") return wanted;
+  if (boot.size() == 1) return "shm";
+  boot.put("ferry.host", hostname());
+  boot.fence();
+  const std::string mine = hostname();
+  for (int r = 0; r < boot.size(); ++r) {
+    if (boot.get(r, "ferry.host") != mine) return "";
+  }
+  return "shm";
+}
+
+}  // namespace
+
+RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : config_(resolve_config(options)) {
+  boot_ = bootstrap::make_bootstrap(config_.bootstrap);
+  rank_ = boot_->rank();
+  size_ = boot_->size();
+  if (size_ > 0xFFFFFF) throw Error("job size " + std::to_string(size_) + " exceeds ferry's limit of 16777215 ranks");
+  fabric_ = std::make_unique<net::Fabric>(choose_provider(config_.provider, *boot_));
+  targets_ = std::make_unique<std::atomic<CompletionObject*>[]>(config_.max_targets);
+  for (std::size_t i = 0; i < config_.max_targets; ++i) targets_[i].store(nullptr, std::memory_order_relaxed);
+  for (int d = 0; d < config_.devices; ++d) {
+    devices_.push_back(std::make_unique<DeviceImpl>(*this, d, *fabric_, config_));
+    boot_->put("ferry.ep." + std::to_string(d), devices_.back()->address());
+  }
+  boot_->fence();
+  for (int d = 0; d < config_.devices; ++d) {
+    std::vector<std::string> addresses(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r) addresses[static_cast<std::size_t>(r)] = boot_->get(r, "ferry.ep." + std::to_string(d));
+    devices_[static_cast<std::size_t>(d)]->connect(addresses);
+    handles_.push_back(Device(devices_[static_cast<std::size_t>(d)].get()));
+  }
+  // Every rank has its receives posted before anyone sends.
+  boot_->barrier();
+}
+
+void RuntimeImpl::finalize() {
+  if (finalized_.exchange(true)) return;
+  for (auto& d : devices_) {
+    const std::size_t left = d->drain(10.0);
+    if (left != 0) {
+      std::fprintf(stderr, "ferry: rank %d: finalize: %zu operations still in flight on device %d after 10 s\n", rank_,
+                   left, d->index());
+    }
+  }
+  for (auto& d : devices_) d->mark_finalized();
+  try {
+    boot_->barrier();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry: rank %d: finalize: %s\n", rank_, e.what());
+  }
+  std::lock_guard<std::mutex> guard(park_mutex_);
+  for (const auto& [id, c] : parked_) {
+    std::fprintf(stderr,
+                 "ferry: rank %d: an active message from rank %d for remote target %u was never delivered: "
+                 "no completion object was exposed under that id\n",
+                 rank_, c.rank, static_cast<unsigned>(id));
+  }
+  parked_.clear();
+}
+
+RuntimeImpl::~RuntimeImpl() {
+  try {
+    finalize();
+  } catch (...) {
+  }
+  handles_.clear();
+  devices_.clear();
+  fabric_.reset();
+  boot_.reset();
+}
+
+void RuntimeImpl::expose(CompletionObject& object, std::uint16_t id) {
+  if (id >= config_.max_targets) {
+    throw Error("expose: id=" + std::to_string(id) + " is out of range; FERRY_MAX_TARGETS=" +
+                std::to_string(config_.max_targets));
+  }
+  CompletionObject* expected = nullptr;
+  // Release: a progress thread that loads the pointer (acquire) sees a constructed object.
+  if (!targets_[id].compare_exchange_strong(expected, &object, std::memory_order_release, std::memory_order_relaxed)) {
+    throw Error("expose: id=" + std::to_string(id) + " is already exposed");
+  }
+  std::lock_guard<std::mutex> guard(park_mutex_);
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    if (it->first == id) {
+      object.signal(std::move(it->second));
+      it = parked_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void RuntimeImpl::unexpose(std::uint16_t id) noexcept { targets_[id].store(nullptr, std::memory_order_release); }
+
+void RuntimeImpl::deliver(std::uint16_t id, Completion&& completion) noexcept {
+  if (id < config_.max_targets) {
+    if (CompletionObject* t = targets_[id].load(std::memory_order_acquire)) {
+      t->signal(std::move(completion));
+      return;
+    }
+  }
+  std::lock_guard<std::mutex> guard(park_mutex_);
+  if (id < config_.max_targets) {
+    if (CompletionObject* t = targets_[id].load(std::memory_order_acquire)) {
+      t->signal(std::move(completion));
+      return;
+    }
+  }
+  try {
+    parked_.emplace_back(id, std::move(completion));
+  } catch (...) {
+    std::fprintf(stderr, "ferry: rank %d: out of memory parking a message for target %u\n", rank_, id);
+  }
+}
+
+}  // namespace detail
+
+// ---- public handles --------------------------------------------------------------------------
+
+Runtime::Runtime(const RuntimeOptions& options) : impl_(std::make_unique<detail::RuntimeImpl>(options)) {}
+Runtime::~Runtime() = default;
+int Runtime::rank() const noexcept { return impl_->rank(); }
+int Runtime::size() const noexcept { return impl_->size(); }
+int Runtime::device_count() const noexcept { return static_cast<int>(impl_->handles().size()); }
+Device& Runtime::device(int index) {
+  if (impl_->finalized()) throw Error("device: called after the runtime was finalized");
+  if (index < 0 || index >= device_count()) {
+    throw Error("device: index=" + std::to_string(index) + " is out of range; this runtime has " +
+                std::to_string(device_count()) + " devices (FERRY_DEVICES)");
+  }
+  return impl_->handles()[static_cast<std::size_t>(index)];
+}
+std::string Runtime::provider() const { return impl_->fabric().caps().provider; }
+std::string Runtime::bootstrap() const { return std::string(impl_->boot().kind()); }
+Exposure Runtime::expose(CompletionObject& object, std::uint16_t id) {
+  if (impl_->finalized()) throw Error("expose: called after the runtime was finalized");
+  impl_->expose(object, id);
+  return Exposure(impl_.get(), id);
+}
+void Runtime::finalize() { impl_->finalize(); }
+void Runtime::barrier() {
+  if (impl_->finalized()) throw Error("barrier: called after the runtime was finalized");
+  impl_->boot().barrier();
+}
+void Runtime::kv_put(const std::string& key, const std::string& value) { impl_->boot().put(key, value); }
+void Runtime::kv_fence() { impl_->boot().fence(); }
+std::string Runtime::kv_get(int rank, const std::string& key) {
+  if (rank < 0 || rank >= size()) {
+    throw Error("kv_get: rank=" + std::to_string(rank) + " is out of range; the job has " + std::to_string(size()) + " ranks");
+  }
+  return impl_->boot().get(rank, key);
+}
+
+Exposure& Exposure::operator=(Exposure&& other) noexcept {
+  if (this != &other) {
+    if (rt_ != nullptr) rt_->unexpose(id_);
+    rt_ = other.rt_;
+    id_ = other.id_;
+    other.rt_ = nullptr;
+  }
+  return *this;
+}
+Exposure::~Exposure() {
+  if (rt_ != nullptr) rt_->unexpose(id_);
+}
+
+Status Device::post_am(const AmArgs& a) { return impl_->post_am(a); }
+Status Device::post_am_iovec(const AmIovecArgs& a) { return impl_->post_am_iovec(a); }
+Status Device::post_send(const SendArgs& a) { return impl_->post_send(a); }
+Status Device::post_recv(const RecvArgs& a) { return impl_->post_recv(a); }
+Status Device::post_put(const PutArgs& a) { return impl_->post_put(a); }
+Status Device::post_get(const GetArgs& a) { return impl_->post_get(a); }
+bool Device::progress() { return impl_->progress(); }
+MemoryRegion Device::register_memory(void* data, std::size_t size) { return impl_->register_memory(data, size); }
+int Device::index() const noexcept { return impl_->index(); }
+std::size_t Device::eager_limit() const noexcept { return impl_->eager_limit(); }
+
+MemoryRegion::MemoryRegion() noexcept = default;
+MemoryRegion::MemoryRegion(std::unique_ptr<detail::RegionImpl> impl) noexcept : impl_(std::move(impl)) {}
+MemoryRegion::MemoryRegion(MemoryRegion&&) noexcept = default;
+MemoryRegion& MemoryRegion::operator=(MemoryRegion&&) noexcept = default;
+MemoryRegion::~MemoryRegion() = default;
+void* MemoryRegion::data() const noexcept { return impl_ ? impl_->data : nullptr; }
+std::size_t MemoryRegion::size() const noexcept { return impl_ ? impl_->size : 0; }
+RemoteKey MemoryRegion::remote_key() const {
+  if (!impl_) throw Error("remote_key: the MemoryRegion is empty");
+  RemoteKey k;
+  k.base = reinterpret_cast<std::uint64_t>(impl_->data);
+  k.size = impl_->size;
+  k.key = fi_mr_key(impl_->mr);
+  k.rank = impl_->device->runtime().rank();
+  k.device = impl_->device->index();
+  return k;
+}
+
+const char* version() noexcept { return FERRY_VERSION_STRING; }
+
+}  // namespace ferry

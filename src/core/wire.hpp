@@ -1,0 +1,71 @@
+// wire.hpp — the bytes ferry puts in front of every packet it sends.
+//
+// Every eager packet starts with a 16-byte WireHeader. Rendezvous control packets (RTS) carry
+// an RtsBody after it; an iovec RTS carries the eager part and one RtsPart per zero-copy part.
+// Encoding is memcpy of a trivially copyable struct: all ranks of a job run the same binary
+// on the same architecture, so no byte swapping is done.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace ferry::detail {
+
+enum class MsgKind : std::uint8_t {
+  am = 1,         // eager active message: payload follows
+  msg = 2,        // eager tagged send: payload follows
+  rts_am = 3,     // rendezvous active message: RtsBody follows
+  rts_msg = 4,    // rendezvous tagged send: RtsBody follows
+  rts_iovec = 5,  // iovec active message: RtsBody, eager bytes, RtsPart[aux]
+  fin = 6,        // rendezvous done: FinBody follows
+};
+
+struct WireHeader {
+  MsgKind kind;
+  std::uint8_t reserved;
+  std::uint16_t target;  // am / rts_am / rts_iovec: remote target id
+  std::int32_t src;      // sender's rank
+  std::uint32_t tag;
+  std::uint32_t aux;     // rts_iovec: number of zero-copy parts
+};
+static_assert(sizeof(WireHeader) == 16, "the header is part of the wire format");
+static_assert(std::is_trivially_copyable_v<WireHeader>);
+
+// Where the sender's data lives, for the receiver to read it.
+struct RtsBody {
+  std::uint64_t size;     // total bytes (rts_iovec: the eager part's size)
+  std::uint64_t addr;     // provider address of the data (virtual or offset, per mr mode)
+  std::uint64_t key;      // provider key of the sender's region
+  std::uint64_t send_op;  // the sender's operation id, echoed in the FIN
+};
+static_assert(sizeof(RtsBody) == 32);
+
+struct RtsPart {
+  std::uint64_t size;
+  std::uint64_t addr;
+  std::uint64_t key;
+};
+static_assert(sizeof(RtsPart) == 24);
+
+struct FinBody {
+  std::uint64_t send_op;
+};
+
+template <class T>
+inline void encode(void* at, const T& value) noexcept {
+  static_assert(std::is_trivially_copyable_v<T>);
+  std::memcpy(at, &value, sizeof(T));
+}
+
+template <class T>
+inline T decode(const void* at) noexcept {
+  static_assert(std::is_trivially_copyable_v<T>);
+  T value;
+  std::memcpy(&value, at, sizeof(T));
+  return value;
+}
+
+inline bool valid_kind(std::uint8_t k) noexcept { return k >= 1 && k <= 6; }
+
+}  // namespace ferry::detail
