@@ -264,6 +264,13 @@ Status DeviceImpl::post_am(const AmArgs& a) {
   return send_packet(p, a.rank, kHeader + a.size);
 }
 
+bool DeviceImpl::post_barrier_step(int rank, std::uint32_t step) {
+  Packet* p = pool_->get();
+  if (p == nullptr) return false;
+  fill_header(p, MsgKind::barrier, 0, runtime_.rank(), step);
+  return !send_packet(p, rank, kHeader).is_retry();
+}
+
 Status DeviceImpl::post_send(const SendArgs& a) {
   check_alive("post_send");
   check_rank("post_send", a.rank);
@@ -581,12 +588,13 @@ void DeviceImpl::start_rendezvous_recv(Packet* rts, Packet* recv) {
         break;
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ferry: rank %d: dropping a rendezvous from rank %d: %s\n", runtime_.rank(), h.src, e.what());
+    std::fprintf(stderr, "ferry: rank %d: cannot receive a rendezvous from rank %d: %s\n", runtime_.rank(), h.src, e.what());
     op->error = -FI_ENOMEM;
+    op->chunks.clear();  // nothing to read: complete with the error (the sender still gets its FIN)
   }
   if (rts != nullptr) pool_->put(rts);
   open_ops_.fetch_add(1, std::memory_order_relaxed);
-  if (op->chunks.empty() || op->error != 0) {
+  if (op->chunks.empty()) {
     finish_recv_op(*this, op);
     return;
   }
@@ -632,6 +640,10 @@ void DeviceImpl::on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src
     case MsgKind::rts_iovec:
       start_rendezvous_recv(p, nullptr);
       return;
+    case MsgKind::barrier:
+      pool_->put(p);
+      runtime_.barrier_arrived(h.tag);
+      return;
     case MsgKind::fin: {
       const auto fin = decode<FinBody>(p->data() + kHeader);
       pool_->put(p);
@@ -655,7 +667,9 @@ void DeviceImpl::on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src
 void DeviceImpl::on_notification(const fi_cq_data_entry& e, std::uint64_t src) {
   Completion c;
   c.op = OpKind::remote_put;
-  c.rank = static_cast<int>(src);
+  // With 8 bytes of CQ data the writer's rank travels in the data (some providers, e.g. rxm,
+  // give no source address for RMA completions); with 4 bytes FI_SOURCE must supply it.
+  c.rank = caps_.cq_data_size >= 8 ? static_cast<int>(e.data >> 32) : static_cast<int>(src);
   c.tag = static_cast<Tag>(e.data & 0xFFFF);
   c.size = e.len;
   runtime_.deliver(static_cast<std::uint16_t>((e.data >> 16) & 0xFFFF), std::move(c));
@@ -836,6 +850,7 @@ Status DeviceImpl::post_put(const PutArgs& a) {
                   str(caps_.cq_data_size));
     }
     data = (static_cast<std::uint64_t>(a.notify_target.id) << 16) | a.notify_tag;
+    if (caps_.cq_data_size >= 8) data |= static_cast<std::uint64_t>(runtime_.rank()) << 32;
   }
   return post_rma(*this, RmaRequest{OpKind::put, a.rank, static_cast<unsigned char*>(const_cast<void*>(a.buffer)), a.size,
                                     a.remote, a.offset, a.local, a.context, a.notify, data});

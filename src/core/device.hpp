@@ -86,6 +86,8 @@ class DeviceImpl {
   RuntimeImpl& runtime() noexcept { return runtime_; }
   std::atomic<std::size_t>& open_ops() noexcept { return open_ops_; }
 
+  // Sends a Runtime::barrier step to `rank`; false when it must be retried.
+  bool post_barrier_step(int rank, std::uint32_t step);
   // Sends p's first `length` payload bytes to `rank`; consumes the packet on every path.
   Status send_packet(Packet* p, int rank, std::size_t length);
 

@@ -56,8 +56,31 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : config_(resolve_config
   boot_->barrier();
 }
 
+void RuntimeImpl::barrier_arrived(std::uint32_t step) noexcept {
+  barrier_steps_[(step >> 8) & 1][step & 31].fetch_add(1, std::memory_order_relaxed);
+}
+
+void RuntimeImpl::barrier() {
+  const std::uint32_t parity = barrier_epoch_++ & 1;
+  DeviceImpl& dev = *devices_[0];
+  int round = 0;
+  for (int dist = 1; dist < size_; dist *= 2, ++round) {
+    const int to = (rank_ + dist) % size_;
+    const std::uint32_t step = (parity << 8) | static_cast<std::uint32_t>(round);
+    while (!dev.post_barrier_step(to, step)) {
+      for (auto& d : devices_) d->progress();
+    }
+    std::atomic<int>& arrived = barrier_steps_[parity][round];
+    while (arrived.load(std::memory_order_relaxed) == 0) {
+      for (auto& d : devices_) d->progress();
+    }
+    arrived.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
 void RuntimeImpl::finalize() {
-  if (finalized_.exchange(true)) return;
+  if (finalized_.load()) return;
+  // Everyone's operations complete while everyone still progresses; then the barrier.
   for (auto& d : devices_) {
     const std::size_t left = d->drain(10.0);
     if (left != 0) {
@@ -65,12 +88,13 @@ void RuntimeImpl::finalize() {
                    left, d->index());
     }
   }
-  for (auto& d : devices_) d->mark_finalized();
   try {
-    boot_->barrier();
+    barrier();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ferry: rank %d: finalize: %s\n", rank_, e.what());
   }
+  finalized_.store(true);
+  for (auto& d : devices_) d->mark_finalized();
   std::lock_guard<std::mutex> guard(park_mutex_);
   for (const auto& [id, c] : parked_) {
     std::fprintf(stderr,
@@ -163,7 +187,7 @@ Exposure Runtime::expose(CompletionObject& object, std::uint16_t id) {
 void Runtime::finalize() { impl_->finalize(); }
 void Runtime::barrier() {
   if (impl_->finalized()) throw Error("barrier: called after the runtime was finalized");
-  impl_->boot().barrier();
+  impl_->barrier();
 }
 void Runtime::kv_put(const std::string& key, const std::string& value) { impl_->boot().put(key, value); }
 void Runtime::kv_fence() { impl_->boot().fence(); }

@@ -38,6 +38,11 @@ class RuntimeImpl {
   net::Fabric& fabric() { return *fabric_; }
   std::vector<Device>& handles() { return handles_; }
 
+  // Collective: a dissemination barrier over device 0 that keeps every device progressing
+  // while it waits, so peers that need this rank's progress are never starved.
+  void barrier();
+  void barrier_arrived(std::uint32_t step) noexcept;
+
   void expose(CompletionObject& object, std::uint16_t id);
   void unexpose(std::uint16_t id) noexcept;
   void deliver(std::uint16_t id, Completion&& completion) noexcept;
@@ -55,6 +60,11 @@ class RuntimeImpl {
   std::mutex park_mutex_;
   std::vector<std::pair<std::uint16_t, Completion>> parked_;
   std::atomic<bool> finalized_{false};
+  // Barrier steps received, by epoch parity and round. Ranks can be at most one epoch apart
+  // (nobody finishes epoch e+1 before everyone finished e), so parity tells epochs apart.
+  // Relaxed increments: a step carries no data, the count is all that is read.
+  std::atomic<int> barrier_steps_[2][32] = {};
+  std::uint32_t barrier_epoch_ = 0;  // only the thread calling barrier() touches it
   friend class ferry::Runtime;
 };
 

@@ -19,6 +19,7 @@ enum class MsgKind : std::uint8_t {
   rts_msg = 4,    // rendezvous tagged send: RtsBody follows
   rts_iovec = 5,  // iovec active message: RtsBody, eager bytes, RtsPart[aux]
   fin = 6,        // rendezvous done: FinBody follows
+  barrier = 7,    // one step of Runtime::barrier: tag = (epoch parity << 8) | round
 };
 
 struct WireHeader {
@@ -66,6 +67,6 @@ inline T decode(const void* at) noexcept {
   return value;
 }
 
-inline bool valid_kind(std::uint8_t k) noexcept { return k >= 1 && k <= 6; }
+inline bool valid_kind(std::uint8_t k) noexcept { return k >= 1 && k <= 7; }
 
 }  // namespace ferry::detail

@@ -1,0 +1,324 @@
+// Every operation, every size from 0 bytes to 64 MiB, data verified, on a ring of ranks:
+// each rank sends to its right neighbour and receives from its left.
+#include <cstdlib>
+#include <memory>
+
+#include "mp_common.hpp"
+
+using namespace mp;
+
+namespace {
+
+// Waits for the local completion of a post that returned `posted`.
+void finish(ferry::Device& dev, const ferry::Status& s, ferry::Synchronizer& sync) {
+  if (s.is_posted()) {
+    ASSERT_TRUE(wait_until(dev, [&] { return sync.test(); })) << "local completion never came";
+    EXPECT_TRUE(sync.results()[0].ok()) << sync.results()[0].error_string();
+  }
+  sync.reset();
+}
+
+ferry::Completion pop_one(ferry::Device& dev, ferry::CompletionQueue& cq) {
+  std::optional<ferry::Completion> c;
+  EXPECT_TRUE(wait_until(dev, [&] { return (c = cq.pop()).has_value(); })) << "nothing arrived";
+  return c ? std::move(*c) : ferry::Completion{};
+}
+
+}  // namespace
+
+TEST(ActiveMessage, EverySizeArrivesIntactInTheTargetQueue) {
+  ferry::Device& dev = rt().device();
+  ferry::CompletionQueue inbox;
+  ferry::Exposure ex = rt().expose(inbox, 10);
+  rt().barrier();
+  ferry::Synchronizer sync(1);
+  const auto all = sizes();
+  for (std::size_t k = 0; k < all.size(); ++k) {
+    const std::size_t size = all[k];
+    std::vector<unsigned char> out(size);
+    fill(out, rt().rank());
+    const ferry::Status s = post_retry(dev, [&] {
+      return dev.post_am({.rank = right(), .buffer = out.data(), .size = size, .target = {10},
+                          .tag = static_cast<ferry::Tag>(k), .local = &sync});
+    });
+    ferry::Completion c = pop_one(dev, inbox);
+    finish(dev, s, sync);
+    EXPECT_EQ(c.op, ferry::OpKind::remote_am);
+    EXPECT_EQ(c.rank, left());
+    EXPECT_EQ(c.tag, k);
+    ASSERT_EQ(c.size, size);
+    ASSERT_EQ(c.buffer.size(), size);
+    EXPECT_EQ(first_mismatch(c.buffer.data(), size, left(), size), -1) << "size " << size;
+    rt().barrier();
+  }
+}
+
+TEST(ActiveMessage, IovecDeliversTheEagerPartAndEveryZeroCopyPart) {
+  ferry::Device& dev = rt().device();
+  ferry::CompletionQueue inbox;
+  ferry::Exposure ex = rt().expose(inbox, 12);
+  rt().barrier();
+  ferry::Synchronizer sync(1);
+  for (std::size_t size : sizes()) {
+    const std::size_t eager = size % 200;
+    std::vector<unsigned char> head(eager), a(size), b(size / 2 + 1), empty;
+    fill(head, rt().rank());
+    fill(a, rt().rank());
+    fill(b, rt().rank());
+    const ferry::Status s = post_retry(dev, [&] {
+      return dev.post_am_iovec({.rank = right(), .eager = {head.data(), eager},
+                                .parts = {{a.data(), a.size()}, {empty.data(), 0}, {b.data(), b.size()}},
+                                .target = {12}, .tag = 5, .local = &sync});
+    });
+    ASSERT_TRUE(s.is_posted());
+    ferry::Completion c = pop_one(dev, inbox);
+    finish(dev, s, sync);
+    EXPECT_EQ(c.rank, left());
+    EXPECT_EQ(c.tag, 5u);
+    EXPECT_EQ(c.size, eager + a.size() + b.size());
+    ASSERT_EQ(c.buffer.size(), eager);
+    EXPECT_EQ(first_mismatch(c.buffer.data(), eager, left(), eager), -1);
+    ASSERT_EQ(c.parts.size(), 3u);
+    ASSERT_EQ(c.parts[0].size(), a.size());
+    EXPECT_EQ(first_mismatch(c.parts[0].data(), a.size(), left(), a.size()), -1) << "size " << size;
+    EXPECT_EQ(c.parts[1].size(), 0u);
+    ASSERT_EQ(c.parts[2].size(), b.size());
+    EXPECT_EQ(first_mismatch(c.parts[2].data(), b.size(), left(), b.size()), -1);
+    rt().barrier();
+  }
+}
+
+namespace {
+
+enum class Wild { none, any_source, any_tag, both };
+
+void send_recv_all_sizes(Wild wild, bool recv_first) {
+  ferry::Device& dev = rt().device();
+  ferry::Synchronizer send_sync(1), recv_sync(1);
+  const auto all = sizes();
+  for (std::size_t k = 0; k < all.size(); ++k) {
+    const std::size_t size = all[k];
+    const ferry::Tag tag = static_cast<ferry::Tag>(1000 + k);
+    std::vector<unsigned char> out(size), in(size + 3, 0xEE);
+    fill(out, rt().rank());
+    const bool any_src = wild == Wild::any_source || wild == Wild::both;
+    const bool any_tag = wild == Wild::any_tag || wild == Wild::both;
+    auto post_recv = [&] {
+      return post_retry(dev, [&] {
+        return dev.post_recv({.rank = any_src ? ferry::any_source : left(), .buffer = in.data(), .size = in.size(),
+                              .tag = any_tag ? ferry::any_tag : tag, .local = &recv_sync});
+      });
+    };
+    ferry::Status r{};
+    if (recv_first) r = post_recv();
+    rt().barrier();  // with recv_first, the receive is posted before the message arrives
+    const ferry::Status s = post_retry(
+        dev, [&] { return dev.post_send({.rank = right(), .buffer = out.data(), .size = size, .tag = tag, .local = &send_sync}); });
+    if (!recv_first) {
+      // Let the message arrive first, so it waits as unexpected.
+      ASSERT_TRUE(wait_until(dev, [&] { return false; }, 0.02) == false);
+      r = post_recv();
+    }
+    int got_rank;
+    ferry::Tag got_tag;
+    std::size_t got_size;
+    if (r.is_done()) {
+      got_rank = r.rank;
+      got_tag = r.tag;
+      got_size = r.size;
+    } else {
+      ASSERT_TRUE(wait_until(dev, [&] { return recv_sync.test(); })) << "receive of " << size << " bytes never completed";
+      const ferry::Completion& c = recv_sync.results()[0];
+      ASSERT_TRUE(c.ok()) << c.error_string();
+      got_rank = c.rank;
+      got_tag = c.tag;
+      got_size = c.size;
+      recv_sync.reset();
+    }
+    finish(dev, s, send_sync);
+    EXPECT_EQ(got_rank, left());
+    EXPECT_EQ(got_tag, tag);
+    ASSERT_EQ(got_size, size);
+    EXPECT_EQ(first_mismatch(in.data(), size, left(), size), -1) << "size " << size;
+    EXPECT_EQ(in[size], 0xEE) << "wrote past the message";
+    rt().barrier();
+  }
+}
+
+}  // namespace
+
+TEST(SendRecv, ExactMatchReceivePostedFirst) { send_recv_all_sizes(Wild::none, true); }
+TEST(SendRecv, ExactMatchMessageArrivesFirst) { send_recv_all_sizes(Wild::none, false); }
+TEST(SendRecv, AnySource) { send_recv_all_sizes(Wild::any_source, true); }
+TEST(SendRecv, AnyTagMessageArrivesFirst) { send_recv_all_sizes(Wild::any_tag, false); }
+TEST(SendRecv, AnySourceAnyTag) { send_recv_all_sizes(Wild::both, true); }
+
+TEST(SendRecv, MessagesFromOnePeerWithOneTagAreMatchedInOrder) {
+  ferry::Device& dev = rt().device();
+  constexpr int n = 64;
+  std::vector<std::uint32_t> in(n, 0xFFFFFFFF);
+  ferry::Synchronizer recvs(n);
+  for (int i = 0; i < n; ++i) {
+    (void)post_retry(dev, [&] {
+      return dev.post_recv({.rank = left(), .buffer = &in[i], .size = 4, .tag = 7, .local = &recvs});
+    });
+  }
+  rt().barrier();
+  for (std::uint32_t i = 0; i < n; ++i) {
+    (void)post_retry(dev, [&] { return dev.post_send({.rank = right(), .buffer = &i, .size = 4, .tag = 7}); });
+  }
+  ASSERT_TRUE(wait_until(dev, [&] { return recvs.test(); }));
+  for (std::uint32_t i = 0; i < n; ++i) EXPECT_EQ(in[i], i);
+  rt().barrier();
+}
+
+TEST(SendRecv, ALargerMessageThanTheBufferIsReportedAsTruncated) {
+  ferry::Device& dev = rt().device();
+  for (std::size_t size : {std::size_t{100}, std::size_t{1} << 20}) {
+    std::vector<unsigned char> out(size), in(size / 2);
+    fill(out, rt().rank());
+    ferry::Synchronizer rs(1), ss(1);
+    const ferry::Status r = post_retry(
+        dev, [&] { return dev.post_recv({.rank = left(), .buffer = in.data(), .size = in.size(), .tag = 3, .local = &rs}); });
+    ASSERT_TRUE(r.is_posted());
+    rt().barrier();
+    const ferry::Status s = post_retry(
+        dev, [&] { return dev.post_send({.rank = right(), .buffer = out.data(), .size = size, .tag = 3, .local = &ss}); });
+    ASSERT_TRUE(wait_until(dev, [&] { return rs.test(); }));
+    EXPECT_FALSE(rs.results()[0].ok());
+    EXPECT_EQ(rs.results()[0].size, in.size());
+    EXPECT_EQ(first_mismatch(in.data(), in.size(), left(), size), -1) << "size " << size;
+    finish(dev, s, ss);
+    rt().barrier();
+  }
+}
+
+namespace {
+
+struct Regions {
+  std::vector<unsigned char> local;  // what this rank exposes
+  ferry::MemoryRegion mr;
+  std::vector<ferry::RemoteKey> keys;
+};
+
+std::unique_ptr<Regions> make_regions(const std::string& name) {
+  auto r = std::make_unique<Regions>();
+  r->local.assign((64u << 20) + 64, 0);
+  r->mr = rt().device().register_memory(r->local.data(), r->local.size());
+  r->keys = allgather<ferry::RemoteKey>("mp.rkey." + name, r->mr.remote_key());
+  return r;
+}
+
+void put_all_sizes(bool notify) {
+  ferry::Device& dev = rt().device();
+  auto regions = make_regions(notify ? "putn" : "put");
+  ferry::CompletionQueue notes;
+  ferry::Exposure ex = rt().expose(notes, 11);
+  rt().barrier();
+  ferry::Synchronizer sync(1);
+  const auto all = sizes();
+  for (std::size_t k = 0; k < all.size(); ++k) {
+    const std::size_t size = all[k];
+    const std::size_t offset = k % 2 == 0 ? 0 : 64;  // odd steps write at an offset
+    std::vector<unsigned char> out(size);
+    fill(out, rt().rank());
+    const ferry::Status s = post_retry(dev, [&] {
+      return dev.post_put({.rank = right(), .buffer = out.data(), .size = size,
+                           .remote = regions->keys[static_cast<std::size_t>(right())], .offset = offset,
+                           .local = &sync, .notify = notify, .notify_target = {11},
+                           .notify_tag = static_cast<ferry::Tag>(k)});
+    });
+    finish(dev, s, sync);
+    if (notify) {
+      ferry::Completion c = pop_one(dev, notes);
+      EXPECT_EQ(c.op, ferry::OpKind::remote_put);
+      EXPECT_EQ(c.rank, left());
+      EXPECT_EQ(c.tag, k);
+    }
+    rt().barrier();  // every put has completed at its origin
+    EXPECT_EQ(first_mismatch(regions->local.data() + offset, size, left(), size), -1) << "size " << size;
+    rt().barrier();
+  }
+}
+
+}  // namespace
+
+TEST(Put, EverySizeLandsInTheRemoteRegion) { put_all_sizes(false); }
+TEST(Put, WithNotificationTheTargetIsToldAfterTheData) { put_all_sizes(true); }
+
+TEST(Get, EverySizeIsReadFromTheRemoteRegion) {
+  ferry::Device& dev = rt().device();
+  auto regions = make_regions("get");
+  ferry::Synchronizer sync(1);
+  for (std::size_t size : sizes()) {
+    fill(regions->local.data(), size, rt().rank());
+    rt().barrier();
+    std::vector<unsigned char> in(size + 1, 0xEE);
+    const ferry::Status s = post_retry(dev, [&] {
+      return dev.post_get({.rank = right(), .buffer = in.data(), .size = size,
+                           .remote = regions->keys[static_cast<std::size_t>(right())], .local = &sync});
+    });
+    finish(dev, s, sync);
+    EXPECT_EQ(first_mismatch(in.data(), size, right(), size), -1) << "size " << size;
+    EXPECT_EQ(in[size], 0xEE);
+    rt().barrier();
+  }
+}
+
+TEST(Handler, RunsForEachIncomingMessage) {
+  ferry::Device& dev = rt().device();
+  std::atomic<int> seen{0};
+  std::atomic<int> wrong{0};
+  ferry::Handler h([&](ferry::Completion&& c) {
+    if (c.rank != left() || c.size != 8) wrong.fetch_add(1);
+    seen.fetch_add(1);
+  });
+  ferry::Exposure ex = rt().expose(h, 13);
+  rt().barrier();
+  std::uint64_t v = 42;
+  for (int i = 0; i < 100; ++i) {
+    (void)post_retry(dev, [&] { return dev.post_am({.rank = right(), .buffer = &v, .size = 8, .target = {13}}); });
+  }
+  EXPECT_TRUE(wait_until(dev, [&] { return seen.load() == 100; }));
+  EXPECT_EQ(wrong.load(), 0);
+  rt().barrier();
+}
+
+TEST(RemoteTarget, MessagesSentBeforeTheTargetIsExposedWaitForIt) {
+  ferry::Device& dev = rt().device();
+  std::uint64_t v = 7;
+  (void)post_retry(dev, [&] { return dev.post_am({.rank = right(), .buffer = &v, .size = 8, .target = {14}}); });
+  rt().barrier();  // the message has had every chance to arrive before anyone exposes 14
+  ferry::CompletionQueue late;
+  ferry::Exposure ex = rt().expose(late, 14);
+  ferry::Completion c = pop_one(dev, late);
+  EXPECT_EQ(c.rank, left());
+  ASSERT_EQ(c.size, 8u);
+  std::uint64_t got;
+  std::memcpy(&got, c.buffer.data(), 8);
+  EXPECT_EQ(got, 7u);
+  rt().barrier();
+}
+
+TEST(Large, SendRecvBeyondTwoGiB) {
+  if (std::getenv("FERRY_TEST_LARGE") == nullptr) GTEST_SKIP() << "set FERRY_TEST_LARGE=1 to move > 2 GiB";
+  ferry::Device& dev = rt().device();
+  const std::size_t size = (std::size_t{1} << 31) + 4096 + 7;
+  if (rt().rank() == 0) {
+    std::unique_ptr<unsigned char[]> out(new unsigned char[size]);
+    fill(out.get(), size, 0);
+    ferry::Synchronizer ss(1);
+    const ferry::Status s =
+        post_retry(dev, [&] { return dev.post_send({.rank = 1, .buffer = out.get(), .size = size, .tag = 9, .local = &ss}); });
+    finish(dev, s, ss);
+  } else if (rt().rank() == 1) {
+    std::unique_ptr<unsigned char[]> in(new unsigned char[size]);
+    ferry::Synchronizer rs(1);
+    (void)post_retry(dev, [&] { return dev.post_recv({.rank = 0, .buffer = in.get(), .size = size, .tag = 9, .local = &rs}); });
+    ASSERT_TRUE(wait_until(dev, [&] { return rs.test(); }, 600));
+    ASSERT_TRUE(rs.results()[0].ok()) << rs.results()[0].error_string();
+    EXPECT_EQ(rs.results()[0].size, size);
+    EXPECT_EQ(first_mismatch(in.get(), size, 0, size), -1);
+  }
+  rt().barrier();
+}

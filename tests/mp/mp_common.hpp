@@ -1,0 +1,88 @@
+// mp_common.hpp — helpers for tests that every rank of a job runs together.
+//
+// Each test is collective: every rank runs the same tests in the same order (gtest's order is
+// deterministic), and each test ends with rt().barrier(). A rank that fails an assertion
+// returns early; its peers then time out in wait_until (a failure, never a hang) and the
+// launcher's --timeout is the last resort.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+
+namespace mp {
+
+ferry::Runtime& rt();
+
+inline double wait_seconds() { return 120.0; }
+
+// Progresses `dev` until pred() holds; false on timeout.
+template <class Pred>
+bool wait_until(ferry::Device& dev, Pred&& pred, double seconds = wait_seconds()) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!pred()) {
+    dev.progress();
+    if (std::chrono::steady_clock::now() > deadline) return false;
+  }
+  return true;
+}
+
+// Posts until the post is not `retry`, progressing in between.
+template <class Post>
+ferry::Status post_retry(ferry::Device& dev, Post&& post) {
+  for (;;) {
+    ferry::Status s = post();
+    if (!s.is_retry()) return s;
+    dev.progress();
+  }
+}
+
+// The byte at index i of a message of `size` bytes from `src`: differs by sender, size and index.
+inline unsigned char pattern(int src, std::size_t size, std::size_t i) {
+  return static_cast<unsigned char>((static_cast<std::size_t>(src) * 31u + size * 7u + i * 13u + (i >> 12)) & 0xFF);
+}
+
+inline void fill(std::vector<unsigned char>& v, int src) {
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = pattern(src, v.size(), i);
+}
+inline void fill(unsigned char* p, std::size_t n, int src) {
+  for (std::size_t i = 0; i < n; ++i) p[i] = pattern(src, n, i);
+}
+
+// Index of the first wrong byte, or -1.
+inline long long first_mismatch(const void* data, std::size_t n, int src, std::size_t size_for_pattern) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (p[i] != pattern(src, size_for_pattern, i)) return static_cast<long long>(i);
+  }
+  return -1;
+}
+
+// The sizes every data-path test covers.
+inline std::vector<std::size_t> sizes() {
+  return {0, 1, 7, 8, 64, 4095, 4096, 8192, 65536, 1u << 20, 64u << 20};
+}
+
+inline int right() { return (rt().rank() + 1) % rt().size(); }
+inline int left() { return (rt().rank() + rt().size() - 1) % rt().size(); }
+
+// Exchanges a trivially copyable value with every rank through the bootstrap store.
+template <class T>
+std::vector<T> allgather(const std::string& key, const T& mine) {
+  rt().kv_put(key, std::string(reinterpret_cast<const char*>(&mine), sizeof(T)));
+  rt().kv_fence();
+  std::vector<T> out(static_cast<std::size_t>(rt().size()));
+  for (int r = 0; r < rt().size(); ++r) {
+    const std::string v = rt().kv_get(r, key);
+    std::memcpy(&out[static_cast<std::size_t>(r)], v.data(), sizeof(T));
+  }
+  return out;
+}
+
+}  // namespace mp
