@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds ferry from scratch and runs the whole test suite.
+#   scripts/test.sh                      # the full suite (build/)
+#   scripts/test.sh --sanitize address   # ASan+UBSan build (build-asan/), the whole suite
+#   scripts/test.sh --sanitize thread    # TSan build (build-tsan/), the concurrency tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+sanitize=""
+if [ "${1:-}" = "--sanitize" ]; then sanitize="${2:?--sanitize takes address or thread}"; fi
+case "$sanitize" in
+  ""|address|thread) ;;
+  *) echo "test.sh: --sanitize '$sanitize' is not a sanitizer; valid: address, thread" >&2; exit 2 ;;
+esac
+scripts/deps.sh
+dir=build${sanitize:+-$( [ "$sanitize" = address ] && echo asan || echo tsan )}
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE="$sanitize" >"$dir.configure.log" 2>&1 ||
+  { cat "$dir.configure.log"; exit 1; }
+cmake --build "$dir" -j"$(nproc)"
+export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0"
+export TSAN_OPTIONS="suppressions=$PWD/scripts/tsan.supp:halt_on_error=1:second_deadlock_stack=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+args=(--test-dir "$dir" --output-on-failure --timeout 600)
+case "$sanitize" in
+  "") ctest "${args[@]}" ;;
+  address) ctest "${args[@]}" -LE large ;;                 # 2 GiB under ASan needs 3x the memory
+  thread) FERRY_TEST_MESSAGES=20000 ctest "${args[@]}" -L "unit|concurrency" ;;
+esac
