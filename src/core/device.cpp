@@ -228,6 +228,7 @@ Status DeviceImpl::send_packet(Packet* p, int rank, std::size_t length) {
     return Status::make_retry(RetryReason::send_queue);
   }
   p->ctx.kind = CtxKind::send_packet;
+  p->rank = rank;  // for the error report, should the send fail later
   const ssize_t rc = fi_send(ep, p->data(), length, pool_desc_, static_cast<fi_addr_t>(rank), &p->ctx.fi);
   if (rc == 0) return Status::make_done();
   return_credit();
@@ -669,7 +670,7 @@ void DeviceImpl::on_notification(const fi_cq_data_entry& e, std::uint64_t src) {
   c.op = OpKind::remote_put;
   // With 8 bytes of CQ data the writer's rank travels in the data (some providers, e.g. rxm,
   // give no source address for RMA completions); with 4 bytes FI_SOURCE must supply it.
-  c.rank = caps_.cq_data_size >= 8 ? static_cast<int>(e.data >> 32) : static_cast<int>(src);
+  c.rank = caps_.source ? static_cast<int>(src) : static_cast<int>(e.data >> 32);
   c.tag = static_cast<Tag>(e.data & 0xFFFF);
   c.size = e.len;
   runtime_.deliver(static_cast<std::uint16_t>((e.data >> 16) & 0xFFFF), std::move(c));
@@ -850,7 +851,7 @@ Status DeviceImpl::post_put(const PutArgs& a) {
                   str(caps_.cq_data_size));
     }
     data = (static_cast<std::uint64_t>(a.notify_target.id) << 16) | a.notify_tag;
-    if (caps_.cq_data_size >= 8) data |= static_cast<std::uint64_t>(runtime_.rank()) << 32;
+    if (!caps_.source) data |= static_cast<std::uint64_t>(runtime_.rank()) << 32;
   }
   return post_rma(*this, RmaRequest{OpKind::put, a.rank, static_cast<unsigned char*>(const_cast<void*>(a.buffer)), a.size,
                                     a.remote, a.offset, a.local, a.context, a.notify, data});
@@ -921,10 +922,8 @@ void DeviceImpl::on_error(const fi_cq_err_entry& e) {
       // An eager send already returned done: the caller cannot be told, so say it loudly.
       auto* p = reinterpret_cast<Packet*>(ctx);
       return_credit();
-      const auto h = decode<WireHeader>(p->data());
-      std::fprintf(stderr, "ferry: rank %d device %d: a send failed: %s\n", runtime_.rank(), index_,
+      std::fprintf(stderr, "ferry: rank %d device %d: a send to rank %d failed: %s\n", runtime_.rank(), index_, p->rank,
                    fi_strerror(static_cast<int>(e.err)));
-      (void)h;
       pool_->put(p);
       return;
     }
@@ -970,7 +969,8 @@ bool DeviceImpl::progress() {
   fi_cq_data_entry entries[kPollBatch];
   fi_addr_t sources[kPollBatch];
   bool any = false;
-  const ssize_t n = fi_cq_readfrom(endpoint_.cq(), entries, kPollBatch, sources);
+  const ssize_t n = caps_.source ? fi_cq_readfrom(endpoint_.cq(), entries, kPollBatch, sources)
+                                 : fi_cq_read(endpoint_.cq(), entries, kPollBatch);
   if (n > 0) {
     any = true;
     for (ssize_t i = 0; i < n; ++i) {

@@ -14,15 +14,16 @@ namespace {
 
 constexpr std::uint32_t kFiVersion = FI_VERSION(1, 11);
 
-// What ferry needs: messages, RMA both ways, and the source address on receive (FI_SOURCE),
-// so a notifying put can report who wrote.
+// What ferry needs: messages and RMA both ways. A notifying put names its writer in 8 bytes of
+// remote CQ data; a provider with less must supply the source address (FI_SOURCE) instead,
+// which costs an address lookup per completion, so ferry asks for it only then.
 constexpr std::uint64_t kCaps = FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE |
-                                FI_SEND | FI_RECV | FI_SOURCE;
+                                FI_SEND | FI_RECV;
 
-fi_info* make_hints(const std::string& provider) {
+fi_info* make_hints(const std::string& provider, std::uint64_t extra_caps = 0) {
   fi_info* hints = fi_allocinfo();
   if (hints == nullptr) throw Error("fi_allocinfo: out of memory");
-  hints->caps = kCaps;
+  hints->caps = kCaps | extra_caps;
   hints->ep_attr->type = FI_EP_RDM;
   // Modes ferry honours: OpContext starts with fi_context2; FI_RX_CQ_DATA is handled in
   // progress by reposting the consumed receive.
@@ -74,13 +75,33 @@ Fabric::Fabric(const std::string& provider) {
     std::string have;
     for (const auto& p : available_providers()) have += (have.empty() ? "" : ", ") + p;
     throw Error("FERRY_PROVIDER='" + (provider.empty() ? std::string("auto") : provider) +
-                "': no libfabric provider offers FI_EP_RDM with messages, RMA and FI_SOURCE (" +
+                "': no libfabric provider offers FI_EP_RDM with messages and RMA (" +
                 fi_error("fi_getinfo", rc) + "); usable providers here: " + (have.empty() ? "none" : have));
   }
-  fi_info* chosen = list;
-  if (provider.empty()) {
-    while (chosen != nullptr && host_local(chosen->fabric_attr->prov_name)) chosen = chosen->next;
-    if (chosen == nullptr) chosen = list;
+  auto pick = [&provider](fi_info* l) {
+    fi_info* c = l;
+    if (provider.empty()) {
+      while (c != nullptr && host_local(c->fabric_attr->prov_name)) c = c->next;
+      if (c == nullptr) c = l;
+    }
+    return c;
+  };
+  fi_info* chosen = pick(list);
+  if (chosen->domain_attr->cq_data_size < 8) {
+    // Too little CQ data to carry a rank: ask this provider again, with FI_SOURCE.
+    fi_info* hints2 = make_hints(chosen->fabric_attr->prov_name, FI_SOURCE);
+    fi_info* list2 = nullptr;
+    rc = fi_getinfo(kFiVersion, nullptr, nullptr, 0, hints2, &list2);
+    fi_freeinfo(hints2);
+    if (rc != 0 || list2 == nullptr) {
+      fi_freeinfo(list);
+      throw Error("provider " + std::string(chosen->fabric_attr->prov_name) +
+                  " has less than 8 bytes of remote CQ data and no FI_SOURCE: ferry cannot name a put's writer");
+    }
+    fi_freeinfo(list);
+    list = list2;
+    chosen = list2;
+    caps_.source = true;
   }
   info_ = fi_dupinfo(chosen);
   fi_freeinfo(list);

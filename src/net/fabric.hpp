@@ -34,6 +34,7 @@ struct Caps {
   bool mr_prov_key = false;       // FI_MR_PROV_KEY: the provider picks keys
   bool mr_endpoint = false;       // FI_MR_ENDPOINT: regions bind to one endpoint
   bool rx_cq_data = false;        // FI_RX_CQ_DATA: remote CQ data consumes a posted receive
+  bool source = false;            // FI_SOURCE is on (only when cq_data_size < 8)
 };
 
 // fi_strerror with the call's name, e.g. "fi_endpoint: Invalid argument (-22)".

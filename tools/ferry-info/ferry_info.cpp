@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ferry/ferry.hpp"
+#include "core/config.hpp"
 #include "net/fabric.hpp"
 
 int main(int argc, char** argv) {
@@ -17,7 +18,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   std::printf("ferry %s (libfabric %u.%u)\n\n", ferry::version(), FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
-  std::printf("providers (FI_EP_RDM with messages, RMA and FI_SOURCE):\n");
+  std::printf("providers (FI_EP_RDM with messages and RMA):\n");
   for (const auto& p : ferry::net::available_providers()) {
     std::printf("  %s\n", p.c_str());
     if (!probe) continue;
@@ -38,6 +39,13 @@ int main(int argc, char** argv) {
     const char* env = std::getenv(info.env);
     std::printf("  %-20s = %-10s %s\n      %s\n", info.env, value.c_str(),
                 (env != nullptr && *env != '\0') ? "(environment)" : "(default)", info.help);
+  }
+  // Check the settings now, so a typo shows here rather than at the first run.
+  try {
+    (void)ferry::detail::resolve_config({});
+  } catch (const ferry::Error& e) {
+    std::fprintf(stderr, "\nferry-info: %s\n", e.what());
+    status = 1;
   }
   return status;
 }
