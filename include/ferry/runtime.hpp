@@ -193,7 +193,9 @@ class Runtime {
   // id before it is exposed wait for it. Throws if id is taken or >= FERRY_MAX_TARGETS.
   [[nodiscard]] Exposure expose(CompletionObject& object, std::uint16_t id);
 
-  // Collective, blocking, for setup and teardown: does not progress the network.
+  // Collective and blocking: returns when every rank has called it. Progresses every device
+  // of this rank while it waits, so peers waiting on this rank's progress are served. One
+  // thread per rank at a time.
   void barrier();
   // Bootstrap key-value exchange, for setup (e.g. sending RemoteKeys).
   void kv_put(const std::string& key, const std::string& value);

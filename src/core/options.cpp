@@ -98,9 +98,17 @@ Config resolve_config(const RuntimeOptions& o) {
   Config c;
   c.bootstrap = pick(o.bootstrap, "FERRY_BOOTSTRAP", "auto");
   c.provider = pick(o.provider, "FERRY_PROVIDER", "auto");
-  c.devices = static_cast<int>(size_option(o, static_cast<std::size_t>(o.devices < 0 ? 0 : o.devices),
-                                           "FERRY_DEVICES", "1"));
   if (o.devices < 0) throw Error("RuntimeOptions::devices=" + std::to_string(o.devices) + " must be positive");
+  if (o.devices > 0) {
+    c.devices = o.devices;
+  } else {
+    const char* e = std::getenv("FERRY_DEVICES");
+    const std::string text = (e != nullptr && *e != '\0') ? e : "1";
+    if (text.find_first_not_of("0123456789") != std::string::npos || text.size() > 9) {
+      throw Error("FERRY_DEVICES='" + text + "' is not a count: expected a whole number from 1 to 64");
+    }
+    c.devices = std::stoi(text);
+  }
   c.packet_size = size_option(o, o.packet_size, "FERRY_PACKET_SIZE", "8192");
   c.packets = size_option(o, o.packets, "FERRY_PACKETS", "4096");
   c.prepost = size_option(o, o.prepost, "FERRY_PREPOST", "256");
