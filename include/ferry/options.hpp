@@ -44,8 +44,8 @@ const std::vector<OptionInfo>& option_table();
 
 // Explicit settings; an empty string or 0 means "not set here".
 struct RuntimeOptions {
-  std::string bootstrap;
-  std::string provider;
+  std::string bootstrap{};
+  std::string provider{};
   int devices = 0;
   std::size_t packet_size = 0;
   std::size_t packets = 0;

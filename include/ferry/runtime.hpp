@@ -144,7 +144,10 @@ class Device {
   MemoryRegion register_memory(void* data, std::size_t size);
 
   int index() const noexcept;
+  // Largest post_am / post_send that goes eagerly (larger ones use rendezvous).
   std::size_t eager_limit() const noexcept;
+  // Largest eager part of a post_am_iovec with `parts` zero-copy parts.
+  std::size_t iovec_eager_limit(std::size_t parts) const noexcept;
 
  private:
   friend class detail::RuntimeImpl;

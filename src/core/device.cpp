@@ -265,6 +265,11 @@ Status DeviceImpl::post_am(const AmArgs& a) {
   return send_packet(p, a.rank, kHeader + a.size);
 }
 
+std::size_t DeviceImpl::iovec_eager_limit(std::size_t parts) const noexcept {
+  const std::size_t overhead = kHeader + sizeof(RtsBody) + parts * sizeof(RtsPart);
+  return overhead >= config_.packet_size ? 0 : config_.packet_size - overhead;
+}
+
 bool DeviceImpl::post_barrier_step(int rank, std::uint32_t step) {
   Packet* p = pool_->get();
   if (p == nullptr) return false;

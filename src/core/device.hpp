@@ -69,6 +69,7 @@ class DeviceImpl {
 
   int index() const noexcept { return index_; }
   std::size_t eager_limit() const noexcept { return eager_limit_; }
+  std::size_t iovec_eager_limit(std::size_t parts) const noexcept;
   const net::Caps& caps() const noexcept { return caps_; }
   net::Endpoint& endpoint() noexcept { return endpoint_; }
 

@@ -2,10 +2,13 @@
 //
 // Contract
 //  - Any number of threads may call try_push and try_pop concurrently.
-//  - try_push returns false only when the ring is full; try_pop returns false only when it
-//    is empty (or the one cell it needs is still being written by a producer that claimed
-//    it: the consumer then reports "empty" instead of waiting — it never spins on another
-//    thread, so a preempted producer delays only its own element).
+//  - try_push returns false when the ring is full, or when the cell it needs still holds an
+//    element whose consumer has claimed it but not finished reading it (a preempted consumer
+//    can make a ring that is not full refuse a push). try_pop returns false when the ring is
+//    empty, or when the cell it needs is still being written by a producer that claimed it.
+//    Neither ever spins on another thread. So a caller must be ready for a refusal even with
+//    room to spare: CompletionQueue spills into an overflow list; PacketPool does not use
+//    this ring for that reason.
 //  - Elements are delivered FIFO with respect to the order in which producers claimed slots.
 //  - Capacity is rounded up to a power of two. T must be nothrow-move-constructible.
 //  - No allocation after construction.

@@ -67,18 +67,20 @@ PacketPool::PacketPool(std::size_t count, std::size_t payload_size)
       payload_(payload_size),
       stride_(sizeof(Packet) + ((payload_size + cache_line - 1) / cache_line) * cache_line),
       slab_(nullptr),
-      free_(count),
       cached_(count >= kMinCachedPool) {
   if (count == 0) throw Error("FERRY_PACKETS=0: a device needs at least one packet");
   if (payload_size > UINT32_MAX) throw Error("FERRY_PACKET_SIZE=" + std::to_string(payload_size) + " is too large");
   slab_ = static_cast<unsigned char*>(std::aligned_alloc(4096, ((stride_ * count + 4095) / 4096) * 4096));
   if (slab_ == nullptr) throw Error("packet pool: cannot allocate " + std::to_string(stride_ * count) + " bytes");
   std::memset(slab_, 0, stride_ * count);
-  for (std::size_t i = 0; i < count; ++i) {
+  if (count >= kEmpty) throw Error("FERRY_PACKETS=" + std::to_string(count) + " is too large");
+  head_.store(kEmpty, std::memory_order_relaxed);
+  for (std::size_t i = count; i-- > 0;) {
     auto* p = new (slab_ + i * stride_) Packet{};
     p->pool = this;
     p->capacity = static_cast<std::uint32_t>(payload_size);
-    (void)free_.try_push(p);  // the ring holds at least `count` cells
+    p->index = static_cast<std::uint32_t>(i);
+    put_shared(p);
   }
   Registry& reg = registry();
   std::lock_guard<std::mutex> guard(reg.mutex);
@@ -122,8 +124,21 @@ Packet* PacketPool::get() noexcept {
     ThreadCache* c = cache();
     if (c != nullptr && c->count > 0) return c->items[--c->count];
   }
-  Packet* p = nullptr;
-  return free_.try_pop(p) ? p : nullptr;
+  // Acquire on the head pairs with the release in put_shared: the top packet's link is the
+  // one its pusher wrote. The link itself is read relaxed; if the packet was popped and reused
+  // meanwhile, the tag has changed and the CAS fails.
+  std::uint64_t head = head_.load(std::memory_order_acquire);
+  for (;;) {
+    const auto top = static_cast<std::uint32_t>(head);
+    if (top == kEmpty) return nullptr;
+    Packet* p = at(top);
+    const std::uint32_t next = p->pool_next.load(std::memory_order_relaxed);
+    const std::uint64_t want = ((head >> 32) + 1) << 32 | next;
+    if (head_.compare_exchange_weak(head, want, std::memory_order_acquire, std::memory_order_acquire)) {
+      free_count_.fetch_sub(1, std::memory_order_relaxed);
+      return p;
+    }
+  }
 }
 
 void PacketPool::put(Packet* packet) noexcept {
@@ -138,8 +153,15 @@ void PacketPool::put(Packet* packet) noexcept {
 }
 
 void PacketPool::put_shared(Packet* packet) noexcept {
-  // Cannot fail: the ring has a cell for every packet this pool owns.
-  (void)free_.try_push(packet);
+  // Release: a popper that sees this head also sees the link written here.
+  // free_count_ is a statistic only: relaxed.
+  std::uint64_t head = head_.load(std::memory_order_relaxed);
+  for (;;) {
+    packet->pool_next.store(static_cast<std::uint32_t>(head), std::memory_order_relaxed);
+    const std::uint64_t want = ((head >> 32) + 1) << 32 | packet->index;
+    if (head_.compare_exchange_weak(head, want, std::memory_order_release, std::memory_order_relaxed)) break;
+  }
+  free_count_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void PacketPool::release_payload(void* pool, void* payload) noexcept {

@@ -5,6 +5,9 @@
 //  - get() returns nullptr when no packet is free: the caller reports retry(packet_pool).
 //  - Every packet comes from one slab allocated (and registered with the provider by the
 //    device) at construction; a packet returns to the pool that made it.
+//  - The shared free list is a lock-free stack of packet indices with a generation tag in the
+//    same 64-bit word (no ABA). Unlike a bounded ring, a push can never be refused, so a
+//    returned packet is never lost, whatever other threads are doing.
 //  - Each thread keeps a small private cache per pool so the common get/put pair touches no
 //    shared cache line. Pools smaller than kMinCachedPool packets cache nothing, so a tiny
 //    pool's packets cannot be stranded in an idle thread's cache.
@@ -17,6 +20,8 @@
 #include <cstdint>
 #include <memory>
 #include <cstddef>
+
+#include <atomic>
 
 #include "core/mpmc_ring.hpp"
 #include "core/op_context.hpp"
@@ -44,6 +49,8 @@ struct alignas(cache_line) Packet {
   void* mr;  // a temporary registration this op owns (fid_mr*), or null
   OpKind op;
   bool notify;
+  std::uint32_t index;                  // position in the slab
+  std::atomic<std::uint32_t> pool_next;  // the free-list link (read racily by poppers: atomic)
   unsigned char* data() noexcept { return reinterpret_cast<unsigned char*>(this) + sizeof(Packet); }
   static Packet* from_data(void* payload) noexcept {
     return reinterpret_cast<Packet*>(static_cast<unsigned char*>(payload) - sizeof(Packet));
@@ -71,8 +78,8 @@ class PacketPool {
   std::size_t slab_bytes() const noexcept { return stride_ * count_; }
   std::size_t count() const noexcept { return count_; }
   std::size_t payload_size() const noexcept { return payload_; }
-  // Packets in the shared ring (not counting per-thread caches).
-  std::size_t available_approx() const noexcept { return free_.size_approx(); }
+  // Packets in the shared free list (not counting per-thread caches); exact when quiescent.
+  std::size_t available_approx() const noexcept { return free_count_.load(std::memory_order_relaxed); }
 
   // Buffer::Release for packets handed to the caller.
   static void release_payload(void* pool, void* payload) noexcept;
@@ -86,7 +93,12 @@ class PacketPool {
   std::size_t payload_;
   std::size_t stride_;
   unsigned char* slab_;
-  MpmcRing<Packet*> free_;
+  Packet* at(std::uint32_t index) const noexcept { return reinterpret_cast<Packet*>(slab_ + index * stride_); }
+  // Free-list head: low 32 bits the top packet's index (kEmpty when none), high 32 bits a tag
+  // bumped by every successful change, so a stale head can never be swapped back in (ABA).
+  static constexpr std::uint32_t kEmpty = 0xFFFFFFFFu;
+  alignas(cache_line) std::atomic<std::uint64_t> head_;
+  std::atomic<std::size_t> free_count_{0};
   bool cached_;
   std::uint32_t slot_;        // index into each thread's cache table
   std::uint64_t generation_;  // distinguishes this pool from earlier ones in the same slot

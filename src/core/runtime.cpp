@@ -221,6 +221,7 @@ bool Device::progress() { return impl_->progress(); }
 MemoryRegion Device::register_memory(void* data, std::size_t size) { return impl_->register_memory(data, size); }
 int Device::index() const noexcept { return impl_->index(); }
 std::size_t Device::eager_limit() const noexcept { return impl_->eager_limit(); }
+std::size_t Device::iovec_eager_limit(std::size_t parts) const noexcept { return impl_->iovec_eager_limit(parts); }
 
 MemoryRegion::MemoryRegion() noexcept = default;
 MemoryRegion::MemoryRegion(std::unique_ptr<detail::RegionImpl> impl) noexcept : impl_(std::move(impl)) {}

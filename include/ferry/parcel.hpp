@@ -1,0 +1,105 @@
+// ferry/parcel.hpp — the parcel transport: what an AMT runtime needs from communication.
+//
+// A parcel is one nonzero-copy chunk (serialized metadata and small arguments) plus any number
+// of zero-copy chunks (large arguments). send() may be called by any thread; it never blocks
+// and never fails for lack of resources (the transport queues what it cannot start yet).
+// Idle threads call background_work(). Delivery is by upcall:
+//
+//   sender                                      receiver
+//   send(dest, parcel, on_sent) ──header──────▶ (nzc piggybacked if it fits)
+//                               ──nzc chunk──▶ allocate_zc_chunks(source, nzc, sizes)
+//                               ──zc chunks──▶ handle_parcel(source, parcel)
+//   on_sent() once every chunk has left
+//
+// Chunks of one parcel travel in order; different parcels travel concurrently. Every parcel is
+// delivered exactly once and on_sent is called exactly once per parcel.
+//
+// Implementations (TransportOptions::kind):
+//   ferry  header by active message into a completion queue, follow-ups by tagged send/recv
+//          (or one iovec active message with `iovec`), one device per thread, no lock on the
+//          message path.
+//   mpi    HPX's MPI parcelport: MPI_THREAD_MULTIPLE, header tag 0 with one pre-posted
+//          MPI_Irecv(ANY_SOURCE), per-parcel tags, connection deques under try-locks, one
+//          connection advanced per background_work() with MPI_Test.
+//   mpi_a  mpi with aggregation: per-destination parcel queues, merged by the sender.
+//   mpix   mpi with several duplicated communicators and a static thread→communicator map.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/completion.hpp"
+
+namespace ferry::parcel {
+
+struct Chunk {
+  std::byte* data = nullptr;
+  std::size_t size = 0;
+};
+
+struct Parcel {
+  Chunk nzc;
+  std::vector<Chunk> zc;
+  // On the receiving side: owns the memory behind `nzc` (the caller may keep it or drop it).
+  // On the sending side: unused; the sender keeps its chunks alive until on_sent.
+  ferry::Buffer nzc_storage;
+  // On the receiving side, when the transport allocated the zero-copy chunks itself (the
+  // ferry parcelport's iovec mode): owns the memory behind `zc`, and allocate_zc_chunks was
+  // not called. Empty otherwise.
+  std::vector<ferry::Buffer> zc_storage;
+};
+
+// Provided by the layer above; called from inside background_work(), on any thread.
+class Upcalls {
+ public:
+  virtual ~Upcalls() = default;
+  // Receiver: return one destination buffer per zero-copy chunk, of exactly zc_sizes[i] bytes.
+  // The buffers belong to the layer above; they are handed back in handle_parcel().
+  virtual std::vector<Chunk> allocate_zc_chunks(int source, const Chunk& nzc,
+                                                const std::vector<std::size_t>& zc_sizes) = 0;
+  virtual void handle_parcel(int source, Parcel&& parcel) = 0;
+};
+
+using SentCallback = std::function<void()>;
+
+struct TransportOptions {
+  std::string kind = "ferry";     // ferry, mpi, mpi_a, mpix
+  int devices = 0;                // ferry: devices (0: FERRY_DEVICES); mpix: communicators (0: 2)
+  bool iovec = false;             // ferry: follow-ups as one iovec active message
+  std::size_t max_header = 0;     // bytes of header incl. piggybacked nzc (0: the transport's eager limit)
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int locality() const noexcept = 0;
+  virtual int size() const noexcept = 0;
+  virtual std::string name() const = 0;
+  // Any thread. `parcel`'s chunks must stay valid until on_sent runs.
+  // Throws ferry::Error for an invalid destination or an oversize header.
+  virtual void send(int destination, Parcel&& parcel, SentCallback on_sent) = 0;
+  // Any thread, typically idle workers. True if anything progressed.
+  virtual bool background_work() = 0;
+  // Collective; keeps progressing while it waits. For setup and teardown only.
+  virtual void barrier() = 0;
+  // Parcels sent / delivered so far by this locality (for termination detection).
+  virtual std::uint64_t parcels_sent() const noexcept = 0;
+  virtual std::uint64_t parcels_delivered() const noexcept = 0;
+};
+
+// The kinds this build supports ("ferry" always; the MPI kinds when built with MPICH).
+std::vector<std::string> transport_kinds();
+
+// Throws ferry::Error for an unknown kind, listing the valid ones.
+std::unique_ptr<Transport> make_transport(const TransportOptions& options, Upcalls& upcalls);
+
+// Which device or communicator the calling thread uses: set by the runtime for its workers;
+// threads that never set it get one round-robin on first use.
+void set_thread_index(int index) noexcept;
+int thread_index() noexcept;
+
+}  // namespace ferry::parcel
