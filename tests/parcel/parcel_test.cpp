@@ -109,6 +109,34 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int me = t->locality(), n = t->size();
+  int failures = 0;
+  auto check = [&](bool ok, const std::string& what) {
+    if (!ok) {
+      std::fprintf(stderr, "locality %d (%s): FAILED: %s\n", me, t->name().c_str(), what.c_str());
+      ++failures;
+    }
+  };
+  // Bad input: a destination that does not exist, and a header too large for its chunk table.
+  {
+    std::byte b{};
+    auto error_of = [&](int dest, std::size_t chunks) -> std::string {
+      Parcel p;
+      p.nzc = {&b, 1};
+      p.zc.assign(chunks, Chunk{&b, 1});
+      try {
+        t->send(dest, std::move(p), [] {});
+      } catch (const ferry::Error& e) {
+        return e.what();
+      }
+      return "no error";
+    };
+    const std::string bad_dest = error_of(n, 0);
+    check(bad_dest.find(std::to_string(n)) != std::string::npos && bad_dest.find("destination") != std::string::npos,
+          "send to locality " + std::to_string(n) + ": " + bad_dest);
+    const std::string too_big = error_of(0, 5000);
+    check(too_big.find("5000") != std::string::npos && too_big.find("header") != std::string::npos,
+          "5000 zero-copy chunks: " + too_big);
+  }
   std::vector<std::atomic<long>> sent_to(static_cast<std::size_t>(n));
   std::vector<std::atomic<int>> on_sent(static_cast<std::size_t>(threads * per_thread));
   std::atomic<int> counts_sent_by{0};
@@ -187,13 +215,6 @@ int main(int argc, char** argv) {
   while (!all_on_sent() && std::chrono::steady_clock::now() < deadline) t->background_work();
   t->barrier();
 
-  int failures = 0;
-  auto check = [&](bool ok, const std::string& what) {
-    if (!ok) {
-      std::fprintf(stderr, "locality %d (%s): FAILED: %s\n", me, t->name().c_str(), what.c_str());
-      ++failures;
-    }
-  };
   check(checker.errors.load() == 0, std::to_string(checker.errors.load()) + " corrupt parcels");
   check(checker.duplicates.load() == 0, std::to_string(checker.duplicates.load()) + " duplicates");
   check(checker.data_received.load() == checker.expected.load(),

@@ -1,0 +1,334 @@
+// ferry/amt.hpp — a small asynchronous many-task runtime on the parcel transport.
+//
+// Localities are the ranks of the job. Each runs a pool of worker threads that execute tasks
+// and, when idle, call the transport's background_work(). Remote work is an action: a
+// function registered under a name on every locality (the id is a hash of the name, so the
+// order of registration does not matter) and invoked with async():
+//
+//   ferry::amt::Runtime rt({.threads = 4});
+//   auto add = rt.action("add", [](int a, int b) { return a + b; });
+//   ferry::amt::Future<int> f = rt.async_future(1, add, 2, 3);
+//   int five = f.get();       // a worker helps (runs tasks, progresses) while it waits
+//   rt.finalize();            // collective: returns when no task or parcel is left anywhere
+//
+// Arguments are serialized by value: trivially copyable types as bytes; std::vector<T> of a
+// trivially copyable T and std::string by length and contents; Blob (owned bytes) zero-copy.
+// Arrays at or above the zero-copy threshold (default 8 KiB) travel as zero-copy chunks;
+// a Blob received that way is the transport's buffer itself, no copy.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ferry/error.hpp"
+#include "ferry/parcel.hpp"
+
+namespace ferry::amt {
+
+// Owned, movable bytes: the zero-copy argument type.
+class Blob {
+ public:
+  Blob() = default;
+  explicit Blob(std::size_t size) : data_(size != 0 ? static_cast<std::byte*>(std::malloc(size)) : nullptr), size_(size) {
+    if (size != 0 && data_ == nullptr) throw Error("Blob: cannot allocate " + std::to_string(size) + " bytes");
+  }
+  Blob(std::byte* adopt, std::size_t size) noexcept : data_(adopt), size_(size) {}  // takes a malloc'ed buffer
+  Blob(Blob&& o) noexcept : data_(o.data_), size_(o.size_) { o.data_ = nullptr, o.size_ = 0; }
+  Blob& operator=(Blob&& o) noexcept {
+    if (this != &o) {
+      std::free(data_);
+      data_ = o.data_, size_ = o.size_;
+      o.data_ = nullptr, o.size_ = 0;
+    }
+    return *this;
+  }
+  Blob(const Blob& o) : Blob(o.size_) {
+    if (size_ != 0) std::memcpy(data_, o.data_, size_);
+  }
+  Blob& operator=(const Blob& o) { return *this = Blob(o); }
+  ~Blob() { std::free(data_); }
+  std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+
+ private:
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+struct Options {
+  std::string parcelport;            // ferry, mpi, mpi_a, mpix; empty: FERRY_PARCELPORT, else ferry
+  int threads = 0;                   // workers; 0: FERRY_AMT_THREADS, else 1
+  bool pin = false;                  // pin worker i to core i % cores
+  std::size_t zc_threshold = 8192;   // arrays at least this large travel zero-copy
+  int devices = 0;                   // ferry parcelport devices / mpix communicators (0: default)
+  bool iovec = false;                // ferry parcelport: follow-ups as one iovec message
+};
+
+class Runtime;
+
+namespace detail {
+
+// ---- serialization -----------------------------------------------------------------------
+template <class T>
+struct is_vector : std::false_type {};
+template <class T, class A>
+struct is_vector<std::vector<T, A>> : std::true_type {};
+
+// Builds a parcel: the nzc bytes, and zero-copy chunks pointing at the caller's arguments
+// (which the Writer keeps alive until the parcel is sent).
+struct Writer {
+  std::vector<std::byte> nzc;
+  std::vector<parcel::Chunk> zc;
+  std::vector<std::shared_ptr<void>> keep;  // owns what zc points at
+  std::size_t zc_threshold = 8192;
+
+  void raw(const void* p, std::size_t n) {
+    const auto* b = static_cast<const std::byte*>(p);
+    nzc.insert(nzc.end(), b, b + n);
+  }
+  template <class T>
+  void pod(const T& v) {
+    raw(&v, sizeof v);
+  }
+  // Length, then either the bytes inline (0) or the index of a zero-copy chunk (1).
+  void bytes(std::shared_ptr<void> owner, const std::byte* p, std::size_t n) {
+    pod<std::uint64_t>(n);
+    if (n >= zc_threshold) {
+      pod<std::uint8_t>(1);
+      pod<std::uint32_t>(static_cast<std::uint32_t>(zc.size()));
+      zc.push_back({const_cast<std::byte*>(p), n});
+      keep.push_back(std::move(owner));
+    } else {
+      pod<std::uint8_t>(0);
+      raw(p, n);
+    }
+  }
+  template <class T>
+  void arg(T&& v) {
+    using U = std::decay_t<T>;
+    if constexpr (std::is_same_v<U, Blob>) {
+      auto owned = std::make_shared<Blob>(std::forward<T>(v));
+      bytes(owned, owned->data(), owned->size());
+    } else if constexpr (std::is_same_v<U, std::string>) {
+      auto owned = std::make_shared<std::string>(std::forward<T>(v));
+      bytes(owned, reinterpret_cast<const std::byte*>(owned->data()), owned->size());
+    } else if constexpr (is_vector<U>::value) {
+      static_assert(std::is_trivially_copyable_v<typename U::value_type>, "vector elements must be trivially copyable");
+      auto owned = std::make_shared<U>(std::forward<T>(v));
+      bytes(owned, reinterpret_cast<const std::byte*>(owned->data()), owned->size() * sizeof(typename U::value_type));
+    } else {
+      static_assert(std::is_trivially_copyable_v<U>, "action arguments must be trivially copyable, std::vector, "
+                                                     "std::string or ferry::amt::Blob");
+      pod(v);
+    }
+  }
+};
+
+// Reads a received parcel back into values. Throws ferry::Error on malformed input.
+struct Reader {
+  const std::byte* at;
+  const std::byte* end;
+  std::vector<parcel::Chunk>* zc;
+  std::vector<bool>* zc_taken;  // a Blob that adopted a chunk owns it now
+
+  void need(std::size_t n) const {
+    if (static_cast<std::size_t>(end - at) < n) throw Error("amt: truncated parcel");
+  }
+  template <class T>
+  T pod() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, at, sizeof v);
+    at += sizeof v;
+    return v;
+  }
+  // Returns (pointer, size, zc index or -1).
+  std::tuple<const std::byte*, std::size_t, long> bytes() {
+    const auto n = pod<std::uint64_t>();
+    const auto where = pod<std::uint8_t>();
+    if (where == 1) {
+      const auto i = static_cast<std::size_t>(pod<std::uint32_t>());
+      if (zc == nullptr || i >= zc->size() || (*zc)[i].size != n) throw Error("amt: bad zero-copy reference");
+      return {(*zc)[i].data, n, static_cast<long>(i)};
+    }
+    need(n);
+    const std::byte* p = at;
+    at += n;
+    return {p, n, -1};
+  }
+  template <class U>
+  U arg() {
+    if constexpr (std::is_same_v<U, Blob>) {
+      auto [p, n, i] = bytes();
+      if (i >= 0 && !(*zc_taken)[static_cast<std::size_t>(i)]) {
+        (*zc_taken)[static_cast<std::size_t>(i)] = true;
+        return Blob(const_cast<std::byte*>(p), n);  // adopt the transport's buffer: no copy
+      }
+      Blob b(n);
+      if (n != 0) std::memcpy(b.data(), p, n);
+      return b;
+    } else if constexpr (std::is_same_v<U, std::string>) {
+      auto [p, n, i] = bytes();
+      (void)i;
+      return std::string(reinterpret_cast<const char*>(p), n);
+    } else if constexpr (is_vector<U>::value) {
+      auto [p, n, i] = bytes();
+      (void)i;
+      using E = typename U::value_type;
+      if (n % sizeof(E) != 0) throw Error("amt: array size is not a multiple of its element size");
+      U v(n / sizeof(E));
+      if (n != 0) std::memcpy(v.data(), p, n);
+      return v;
+    } else {
+      return pod<U>();
+    }
+  }
+};
+
+std::uint64_t hash_name(const std::string& name) noexcept;
+
+using Invoker = std::function<void(Runtime&, int source, Reader&, std::uint64_t reply_to)>;
+
+}  // namespace detail
+
+// A registered action. Callable with async() / async_future().
+template <class R, class... Args>
+struct Action {
+  std::uint64_t id;
+  std::string name;
+};
+
+// The value of a remote call, later. get() helps the runtime while it waits, so calling it on
+// a worker thread never deadlocks the pool.
+template <class R>
+class Future {
+ public:
+  struct State {
+    std::atomic<bool> ready{false};
+    std::conditional_t<std::is_void_v<R>, char, R> value{};
+  };
+  Future() = default;
+  Future(Runtime* rt, std::shared_ptr<State> s) : rt_(rt), state_(std::move(s)) {}
+  bool ready() const noexcept { return state_ && state_->ready.load(std::memory_order_acquire); }
+  R get();
+
+ private:
+  Runtime* rt_ = nullptr;
+  std::shared_ptr<State> state_;
+};
+
+class Runtime {
+ public:
+  explicit Runtime(Options options = {});
+  // Finalizes if the application did not.
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  int locality() const noexcept;
+  int size() const noexcept;
+  int threads() const noexcept;
+  std::string parcelport() const;
+
+  // Registers fn under `name` on this locality. Every locality must register every action it
+  // may receive; an unknown action is reported as an error naming its id and sender.
+  template <class F>
+  auto action(const std::string& name, F fn) {
+    return make_action(name, std::function(fn));
+  }
+
+  // Fire and forget: runs action(args...) on `locality`.
+  template <class R, class... Args, class... Given>
+  void async(int locality, const Action<R, Args...>& a, Given&&... args) {
+    send_call(locality, a.id, 0, serialize<Args...>(std::forward<Given>(args)...));
+  }
+
+  // Runs action(args...) on `locality` and brings its result back.
+  template <class R, class... Args, class... Given>
+  Future<R> async_future(int locality, const Action<R, Args...>& a, Given&&... args) {
+    auto state = std::make_shared<typename Future<R>::State>();
+    const std::uint64_t token = register_pending(state, [state](detail::Reader& r) {
+      if constexpr (!std::is_void_v<R>) state->value = r.arg<R>();
+      state->ready.store(true, std::memory_order_release);
+    });
+    send_call(locality, a.id, token, serialize<Args...>(std::forward<Given>(args)...));
+    return Future<R>(this, std::move(state));
+  }
+
+  // Runs f on some worker of this locality.
+  void spawn(std::function<void()> f);
+
+  // Runs one task or one round of background work from the calling thread; true if it did
+  // something. What Future::get and finalize use to help while they wait.
+  bool help();
+
+  // Collective: returns on every locality once no task and no parcel is left anywhere.
+  void finalize();
+
+  // Parcels this locality's application sent / received (control traffic excluded).
+  std::uint64_t parcels_sent() const noexcept;
+  std::uint64_t parcels_received() const noexcept;
+  // Failed tasks, malformed replies, and (after finalize) calls to actions never registered.
+  std::uint64_t errors() const noexcept;
+
+  class Impl;
+
+ private:
+  template <class... Args, class... Given>
+  detail::Writer serialize(Given&&... given) {
+    static_assert(sizeof...(Args) == sizeof...(Given), "wrong number of arguments for this action");
+    detail::Writer w;
+    w.zc_threshold = zc_threshold();
+    (w.arg(static_cast<Args>(std::forward<Given>(given))), ...);
+    return w;
+  }
+
+  template <class R, class... Args>
+  Action<R, std::decay_t<Args>...> make_action(const std::string& name, std::function<R(Args...)> fn) {
+    const std::uint64_t id = detail::hash_name(name);
+    register_invoker(id, name, [fn = std::move(fn)](Runtime& rt, int source, detail::Reader& r, std::uint64_t reply_to) {
+      // Arguments are read in order (braced init guarantees left-to-right evaluation).
+      std::tuple<std::decay_t<Args>...> args{r.arg<std::decay_t<Args>>()...};
+      if constexpr (std::is_void_v<R>) {
+        std::apply(fn, std::move(args));
+        if (reply_to != 0) rt.send_reply(source, reply_to, detail::Writer{});
+      } else {
+        R result = std::apply(fn, std::move(args));
+        if (reply_to != 0) {
+          detail::Writer w;
+          w.zc_threshold = rt.zc_threshold();
+          w.arg(std::move(result));
+          rt.send_reply(source, reply_to, std::move(w));
+        }
+      }
+    });
+    return {id, name};
+  }
+
+  void register_invoker(std::uint64_t id, const std::string& name, detail::Invoker invoker);
+  std::uint64_t register_pending(std::shared_ptr<void> keep, std::function<void(detail::Reader&)> on_reply);
+  void send_call(int locality, std::uint64_t action, std::uint64_t reply_to, detail::Writer&& w);
+  void send_reply(int locality, std::uint64_t token, detail::Writer&& w);
+  std::size_t zc_threshold() const noexcept;
+
+  std::unique_ptr<Impl> impl_;
+};
+
+template <class R>
+R Future<R>::get() {
+  if (!state_) throw Error("Future::get: the future is empty");
+  while (!state_->ready.load(std::memory_order_acquire)) rt_->help();
+  if constexpr (!std::is_void_v<R>) return std::move(state_->value);
+}
+
+}  // namespace ferry::amt

@@ -1,0 +1,424 @@
+// The AMT runtime: worker pool, task queue, action dispatch, replies, and termination.
+//
+// Termination (finalize) is a double-counting wave protocol run by locality 0: it asks every
+// locality for (application parcels sent, received, idle, finalizing); when two consecutive
+// waves report everyone idle and finalizing with equal, unchanged totals, nothing can be in
+// flight anywhere, and locality 0 tells everyone to stop. Control parcels are not counted.
+#include <pthread.h>
+#include <sched.h>
+
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "core/mpmc_ring.hpp"
+#include "ferry/amt.hpp"
+
+namespace ferry::amt {
+
+namespace detail {
+
+std::uint64_t hash_name(const std::string& name) noexcept {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return h == 0 ? 1 : h;
+}
+
+}  // namespace detail
+
+namespace {
+
+enum class Kind : std::uint8_t { call = 1, reply = 2, term_query = 3, term_report = 4, term_stop = 5 };
+
+struct Pending {
+  std::shared_ptr<void> keep;
+  std::function<void(detail::Reader&)> on_reply;
+};
+
+struct Report {
+  std::uint64_t sent;
+  std::uint64_t received;
+  std::uint8_t idle;
+  std::uint8_t finalizing;
+};
+
+int env_int(const char* name, int def) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return def;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < 1 || x > 4096) {
+    throw Error(std::string(name) + "='" + v + "' is not a thread count: expected 1 to 4096");
+  }
+  return static_cast<int>(x);
+}
+
+}  // namespace
+
+class Runtime::Impl final : public parcel::Upcalls {
+ public:
+  Impl(Runtime& self, Options options) : self_(self), options_(std::move(options)), tasks_(1u << 16) {
+    if (options_.parcelport.empty()) {
+      const char* e = std::getenv("FERRY_PARCELPORT");
+      options_.parcelport = (e != nullptr && *e != '\0') ? e : "ferry";
+    }
+    if (options_.threads < 0) throw Error("amt::Options::threads=" + std::to_string(options_.threads) + " must be positive");
+    if (options_.threads == 0) options_.threads = env_int("FERRY_AMT_THREADS", 1);
+    parcel::TransportOptions t;
+    t.kind = options_.parcelport;
+    t.devices = options_.devices;
+    t.iovec = options_.iovec;
+    transport_ = parcel::make_transport(t, *this);
+    for (int i = 0; i < options_.threads; ++i) workers_.emplace_back([this, i] { work(i); });
+  }
+
+  ~Impl() override {
+    stop_.store(true, std::memory_order_release);
+    for (auto& w : workers_) w.join();
+    std::function<void()>* t = nullptr;
+    while (tasks_.try_pop(t)) delete t;
+  }
+
+  // ---- upcalls (inside background_work, any worker) -----------------------------------
+  std::vector<parcel::Chunk> allocate_zc_chunks(int, const parcel::Chunk&, const std::vector<std::size_t>& sizes) override {
+    std::vector<parcel::Chunk> out;
+    out.reserve(sizes.size());
+    for (std::size_t s : sizes) {
+      auto* p = static_cast<std::byte*>(std::malloc(s != 0 ? s : 1));
+      if (p == nullptr) throw Error("amt: cannot allocate a " + std::to_string(s) + "-byte argument");
+      out.push_back({p, s});
+    }
+    return out;
+  }
+
+  void handle_parcel(int source, parcel::Parcel&& p) override {
+    if (p.nzc.size < 1) {
+      std::fprintf(stderr, "ferry amt: locality %d: empty parcel from locality %d\n", locality(), source);
+      return;
+    }
+    const auto kind = static_cast<Kind>(static_cast<std::uint8_t>(p.nzc.data[0]));
+    switch (kind) {
+      case Kind::call: {
+        received_.fetch_add(1, std::memory_order_relaxed);
+        auto shared = std::make_shared<parcel::Parcel>(std::move(p));
+        spawn([this, source, shared] { run_call(source, *shared); });
+        return;
+      }
+      case Kind::reply: {
+        received_.fetch_add(1, std::memory_order_relaxed);
+        run_reply(source, p);
+        return;
+      }
+      case Kind::term_query:
+      case Kind::term_report:
+      case Kind::term_stop:
+        on_control(kind, source, p);
+        free_zc(p, {});
+        return;
+    }
+    std::fprintf(stderr, "ferry amt: locality %d: parcel of unknown kind %u from locality %d\n", locality(),
+                 static_cast<unsigned>(kind), source);
+  }
+
+  // ---- tasks ----------------------------------------------------------------------------
+  void spawn(std::function<void()> f) {
+    active_.fetch_add(1, std::memory_order_acq_rel);
+    auto* t = new std::function<void()>(std::move(f));
+    if (tasks_.try_push(t)) return;
+    std::lock_guard<std::mutex> g(overflow_mutex_);
+    overflow_.push_back(t);
+    overflow_size_.store(overflow_.size(), std::memory_order_relaxed);
+  }
+
+  bool run_one() {
+    std::function<void()>* t = nullptr;
+    if (!tasks_.try_pop(t)) {
+      // Relaxed: a stale zero delays a spilled task to a later call, never loses it.
+      if (overflow_size_.load(std::memory_order_relaxed) == 0) return false;
+      std::lock_guard<std::mutex> g(overflow_mutex_);
+      if (overflow_.empty()) return false;
+      t = overflow_.front();
+      overflow_.pop_front();
+      overflow_size_.store(overflow_.size(), std::memory_order_relaxed);
+    }
+    try {
+      (*t)();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ferry amt: locality %d: a task failed: %s\n", locality(), e.what());
+      errors_.fetch_add(1, std::memory_order_relaxed);
+    }
+    delete t;
+    // acq_rel: a termination wave that reads zero sees everything this task did (its sends).
+    active_.fetch_sub(1, std::memory_order_acq_rel);
+    return true;
+  }
+
+  bool help() { return run_one() || transport_->background_work(); }
+
+  void work(int index) {
+    parcel::set_thread_index(index);
+    if (options_.pin) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(static_cast<unsigned>(index) % std::thread::hardware_concurrency(), &set);
+      pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    }
+    int idle = 0;
+    while (!stop_.load(std::memory_order_acquire)) {
+      if (help()) {
+        idle = 0;
+      } else if (++idle >= 64) {
+        // More threads than cores is common here: let the others run.
+        std::this_thread::yield();
+        idle = 0;
+      }
+    }
+  }
+
+  // ---- actions ------------------------------------------------------------------------------
+  void register_invoker(std::uint64_t id, const std::string& name, detail::Invoker inv) {
+    std::vector<std::pair<int, std::shared_ptr<parcel::Parcel>>> parked;
+    {
+      std::unique_lock<std::shared_mutex> g(actions_mutex_);
+      auto [it, fresh] = actions_.emplace(id, std::make_pair(name, std::move(inv)));
+      if (!fresh && it->second.first != name) {
+        throw Error("action '" + name + "' has the same id as action '" + it->second.first + "'; rename one");
+      }
+      if (!fresh) throw Error("action '" + name + "' is already registered");
+      for (auto i = parked_.begin(); i != parked_.end();) {
+        if (i->first == id) {
+          parked.emplace_back(i->second);
+          i = parked_.erase(i);
+        } else {
+          ++i;
+        }
+      }
+    }
+    for (auto& [source, shared] : parked) {
+      spawn([this, source = source, shared = shared] { run_call(source, *shared); });
+    }
+  }
+
+  void run_call(int source, parcel::Parcel& p) {
+    detail::Reader r{p.nzc.data + 1, p.nzc.data + p.nzc.size, &p.zc, nullptr};
+    std::vector<bool> taken(p.zc.size(), false);
+    r.zc_taken = &taken;
+    const auto id = r.pod<std::uint64_t>();
+    const auto reply_to = r.pod<std::uint64_t>();
+    const detail::Invoker* inv = nullptr;
+    {
+      std::shared_lock<std::shared_mutex> g(actions_mutex_);
+      auto it = actions_.find(id);
+      if (it != actions_.end()) inv = &it->second.second;
+    }
+    if (inv == nullptr) {
+      // Not registered (yet): keep it; register_invoker runs it, finalize reports it.
+      std::unique_lock<std::shared_mutex> g(actions_mutex_);
+      auto it = actions_.find(id);
+      if (it == actions_.end()) {
+        parked_.emplace(id, std::make_pair(source, std::make_shared<parcel::Parcel>(std::move(p))));
+        return;
+      }
+      inv = &it->second.second;
+    }
+    try {
+      (*inv)(self_, source, r, reply_to);
+    } catch (...) {
+      free_zc(p, taken);
+      throw;
+    }
+    free_zc(p, taken);
+  }
+
+  void run_reply(int source, parcel::Parcel& p) {
+    detail::Reader r{p.nzc.data + 1, p.nzc.data + p.nzc.size, &p.zc, nullptr};
+    std::vector<bool> taken(p.zc.size(), false);
+    r.zc_taken = &taken;
+    const auto token = r.pod<std::uint64_t>();
+    (void)r.pod<std::uint64_t>();
+    std::unique_ptr<Pending> pending(reinterpret_cast<Pending*>(token));
+    try {
+      pending->on_reply(r);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ferry amt: locality %d: a reply from locality %d is malformed: %s\n", locality(), source, e.what());
+      errors_.fetch_add(1, std::memory_order_relaxed);
+    }
+    free_zc(p, taken);
+  }
+
+  static void free_zc(parcel::Parcel& p, const std::vector<bool>& taken) {
+    if (!p.zc_storage.empty()) return;  // the transport owns them
+    for (std::size_t i = 0; i < p.zc.size(); ++i) {
+      if (i >= taken.size() || !taken[i]) std::free(p.zc[i].data);
+    }
+    p.zc.clear();
+  }
+
+  std::uint64_t register_pending(std::shared_ptr<void> keep, std::function<void(detail::Reader&)> on_reply) {
+    // The token is the record's address: only this process reads it back.
+    return reinterpret_cast<std::uint64_t>(new Pending{std::move(keep), std::move(on_reply)});
+  }
+
+  void send(int dest, Kind kind, std::uint64_t a, std::uint64_t b, detail::Writer&& w, bool count) {
+    if (dest < 0 || dest >= size()) {
+      throw Error("async: locality=" + std::to_string(dest) + " does not exist; there are " + std::to_string(size()) +
+                  " localities (0.." + std::to_string(size() - 1) + ")");
+    }
+    // Prefix: kind, a, b — in front of the serialized arguments.
+    auto msg = std::make_shared<detail::Writer>(std::move(w));
+    std::vector<std::byte> head(1 + 16);
+    head[0] = static_cast<std::byte>(kind);
+    std::memcpy(head.data() + 1, &a, 8);
+    std::memcpy(head.data() + 9, &b, 8);
+    msg->nzc.insert(msg->nzc.begin(), head.begin(), head.end());
+    parcel::Parcel p;
+    p.nzc = {msg->nzc.data(), msg->nzc.size()};
+    p.zc = msg->zc;
+    if (count) sent_.fetch_add(1, std::memory_order_relaxed);
+    transport_->send(dest, std::move(p), [msg] {});  // msg keeps every chunk alive until sent
+  }
+
+  // ---- termination ----------------------------------------------------------------------------
+  void on_control(Kind kind, int source, const parcel::Parcel& p) {
+    std::uint64_t round = 0;
+    std::memcpy(&round, p.nzc.data + 1, 8);
+    if (kind == Kind::term_query) {
+      Report rep{sent_.load(std::memory_order_relaxed), received_.load(std::memory_order_relaxed),
+                 static_cast<std::uint8_t>(active_.load(std::memory_order_acquire) == 0),
+                 static_cast<std::uint8_t>(finalizing_.load(std::memory_order_acquire))};
+      detail::Writer w;
+      w.pod(rep);
+      send(source, Kind::term_report, round, 0, std::move(w), false);
+    } else if (kind == Kind::term_report) {
+      Report rep;
+      if (p.nzc.size < 17 + sizeof rep) return;
+      std::memcpy(&rep, p.nzc.data + 17, sizeof rep);
+      std::lock_guard<std::mutex> g(term_mutex_);
+      if (round != round_) return;
+      ++reports_;
+      wave_sent_ += rep.sent;
+      wave_received_ += rep.received;
+      wave_quiet_ = wave_quiet_ && rep.idle && rep.finalizing;
+    } else {
+      stop_received_.store(true, std::memory_order_release);
+    }
+  }
+
+  void finalize() {
+    if (finalized_) return;
+    finalized_ = true;
+    finalizing_.store(true, std::memory_order_release);
+    if (locality() == 0) run_waves();
+    while (!stop_received_.load(std::memory_order_acquire)) {
+      if (!help()) std::this_thread::yield();
+    }
+    transport_->barrier();
+    std::lock_guard<std::shared_mutex> g(actions_mutex_);
+    for (const auto& [id, parked] : parked_) {
+      std::fprintf(stderr, "ferry amt: locality %d: a call from locality %d named action id %llu, which was never registered here\n",
+                   locality(), parked.first, static_cast<unsigned long long>(id));
+      unknown_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+
+  void run_waves() {
+    std::uint64_t last_sent = ~0ull, last_received = ~0ull;
+    bool last_quiet = false;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> g(term_mutex_);
+        ++round_;
+        reports_ = 0;
+        wave_sent_ = wave_received_ = 0;
+        wave_quiet_ = true;
+      }
+      const std::uint64_t round = round_;
+      for (int l = 0; l < size(); ++l) send(l, Kind::term_query, round, 0, detail::Writer{}, false);
+      for (;;) {
+        {
+          std::lock_guard<std::mutex> g(term_mutex_);
+          if (reports_ == size()) break;
+        }
+        if (!help()) std::this_thread::yield();
+      }
+      std::lock_guard<std::mutex> g(term_mutex_);
+      const bool quiet = wave_quiet_ && wave_sent_ == wave_received_;
+      if (quiet && last_quiet && wave_sent_ == last_sent && wave_received_ == last_received) break;
+      last_quiet = quiet;
+      last_sent = wave_sent_;
+      last_received = wave_received_;
+    }
+    for (int l = 0; l < size(); ++l) send(l, Kind::term_stop, 0, 0, detail::Writer{}, false);
+  }
+
+  int locality() const noexcept { return transport_->locality(); }
+  int size() const noexcept { return transport_->size(); }
+
+  Runtime& self_;
+  Options options_;
+  std::unique_ptr<parcel::Transport> transport_;
+  std::vector<std::thread> workers_;
+  std::atomic<bool> stop_{false};
+
+  ferry::detail::MpmcRing<std::function<void()>*> tasks_;
+  std::mutex overflow_mutex_;
+  std::deque<std::function<void()>*> overflow_;
+  std::atomic<std::size_t> overflow_size_{0};
+  std::atomic<std::int64_t> active_{0};  // tasks spawned and not finished
+
+  std::shared_mutex actions_mutex_;
+  std::unordered_map<std::uint64_t, std::pair<std::string, detail::Invoker>> actions_;
+  std::unordered_multimap<std::uint64_t, std::pair<int, std::shared_ptr<parcel::Parcel>>> parked_;
+
+  // Application parcels; relaxed: read by the termination waves, which compare two waves.
+  std::atomic<std::uint64_t> sent_{0}, received_{0};
+  std::atomic<std::uint64_t> errors_{0}, unknown_{0};
+
+  std::mutex term_mutex_;
+  std::uint64_t round_ = 0;
+  int reports_ = 0;
+  std::uint64_t wave_sent_ = 0, wave_received_ = 0;
+  bool wave_quiet_ = true;
+  std::atomic<bool> finalizing_{false}, stop_received_{false};
+  bool finalized_ = false;
+};
+
+Runtime::Runtime(Options options) : impl_(std::make_unique<Impl>(*this, std::move(options))) {}
+Runtime::~Runtime() {
+  try {
+    impl_->finalize();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry amt: finalize: %s\n", e.what());
+  }
+}
+int Runtime::locality() const noexcept { return impl_->locality(); }
+int Runtime::size() const noexcept { return impl_->size(); }
+int Runtime::threads() const noexcept { return static_cast<int>(impl_->workers_.size()); }
+std::string Runtime::parcelport() const { return impl_->transport_->name(); }
+void Runtime::spawn(std::function<void()> f) { impl_->spawn(std::move(f)); }
+bool Runtime::help() { return impl_->help(); }
+void Runtime::finalize() { impl_->finalize(); }
+std::uint64_t Runtime::parcels_sent() const noexcept { return impl_->sent_.load(std::memory_order_relaxed); }
+std::uint64_t Runtime::parcels_received() const noexcept { return impl_->received_.load(std::memory_order_relaxed); }
+void Runtime::register_invoker(std::uint64_t id, const std::string& name, detail::Invoker invoker) {
+  impl_->register_invoker(id, name, std::move(invoker));
+}
+std::uint64_t Runtime::register_pending(std::shared_ptr<void> keep, std::function<void(detail::Reader&)> on_reply) {
+  return impl_->register_pending(std::move(keep), std::move(on_reply));
+}
+void Runtime::send_call(int locality, std::uint64_t action, std::uint64_t reply_to, detail::Writer&& w) {
+  impl_->send(locality, Kind::call, action, reply_to, std::move(w), true);
+}
+void Runtime::send_reply(int locality, std::uint64_t token, detail::Writer&& w) {
+  impl_->send(locality, Kind::reply, token, 0, std::move(w), true);
+}
+std::size_t Runtime::zc_threshold() const noexcept { return impl_->options_.zc_threshold; }
+std::uint64_t Runtime::errors() const noexcept {
+  return impl_->errors_.load(std::memory_order_relaxed) + impl_->unknown_.load(std::memory_order_relaxed);
+}
+
+}  // namespace ferry::amt

@@ -1,0 +1,141 @@
+// The AMT runtime across localities, for one parcelport (FERRY_PARCELPORT or --parcelport):
+// async / future, nested asyncs, every argument kind (zero-copy included), termination with
+// work in flight, and bad input. Exit 0 when every check passed on this locality.
+#include <atomic>
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "ferry/amt.hpp"
+
+using ferry::amt::Blob;
+
+namespace {
+
+int failures = 0;
+int me = -1;
+#define CHECK(cond, ...)                                                       \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      std::fprintf(stderr, "locality %d: FAILED %s:%d: %s: ", me, __FILE__, __LINE__, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                                       \
+      std::fprintf(stderr, "\n");                                              \
+      ++failures;                                                              \
+    }                                                                          \
+  } while (0)
+
+std::atomic<long> spread_runs{0};
+
+// The cascade spread(depth) runs on: node (loc, depth) sends to (loc+depth)%n and (loc+depth+1)%n.
+void simulate(int loc, int depth, int n, std::vector<long>& runs) {
+  ++runs[static_cast<std::size_t>(loc)];
+  if (depth == 0) return;
+  simulate((loc + depth) % n, depth - 1, n, runs);
+  simulate((loc + depth + 1) % n, depth - 1, n, runs);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ferry::amt::Options opt;
+  opt.threads = 3;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--parcelport" && i + 1 < argc) opt.parcelport = argv[++i];
+    else if (a == "--threads" && i + 1 < argc) opt.threads = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "amt_test: unknown argument '%s'\n", a.c_str());
+      return 2;
+    }
+  }
+  ferry::amt::Runtime rt(opt);
+  me = rt.locality();
+  const int n = rt.size();
+
+  auto add = rt.action("add", [](int a, int b) { return a + b; });
+  auto where = rt.action("where", [&rt]() { return rt.locality(); });
+  auto sum_vec = rt.action("sum_vec", [](std::vector<std::uint32_t> v) {
+    return std::accumulate(v.begin(), v.end(), std::uint64_t{0});
+  });
+  auto echo_str = rt.action("echo_str", [](std::string s) { return s + "!"; });
+  auto blob_sum = rt.action("blob_sum", [](Blob b, std::uint64_t salt) {
+    std::uint64_t h = salt;
+    for (std::size_t i = 0; i < b.size(); ++i) h = h * 31 + static_cast<std::uint8_t>(b.data()[i]);
+    return h;
+  });
+  auto make_blob = rt.action("make_blob", [](std::uint64_t size) {
+    Blob b(size);
+    for (std::size_t i = 0; i < size; ++i) b.data()[i] = static_cast<std::byte>(i * 7);
+    return b;
+  });
+  auto plus_one_via = rt.action("plus_one_via", [&rt, add](int via, int x) {
+    // Nested: this action itself waits for another remote call (the worker helps meanwhile).
+    return rt.async_future(via, add, x, 1).get();
+  });
+  ferry::amt::Action<void, int> spread{};
+  spread = rt.action("spread", [&rt, &spread](int depth) {
+    spread_runs.fetch_add(1);
+    if (depth == 0) return;
+    const int l = rt.locality(), k = rt.size();
+    rt.async((l + depth) % k, spread, depth - 1);
+    rt.async((l + depth + 1) % k, spread, depth - 1);
+  });
+  if (me == 0) rt.action("only_on_zero", [](int) {});
+
+  for (int peer = 0; peer < n; ++peer) {
+    CHECK(rt.async_future(peer, add, 40, 2).get() == 42, "add on %d", peer);
+    CHECK(rt.async_future(peer, where).get() == peer, "where on %d", peer);
+    for (std::size_t len : {std::size_t{0}, std::size_t{5}, std::size_t{3000}, std::size_t{100000}}) {
+      std::vector<std::uint32_t> v(len);
+      std::iota(v.begin(), v.end(), 1u);
+      const auto expect = std::accumulate(v.begin(), v.end(), std::uint64_t{0});
+      CHECK(rt.async_future(peer, sum_vec, v).get() == expect, "sum_vec len %zu on %d", len, peer);
+    }
+    CHECK(rt.async_future(peer, echo_str, std::string(20000, 'x')).get() == std::string(20000, 'x') + "!", "echo_str");
+    for (std::size_t size : {std::size_t{16}, std::size_t{8192}, std::size_t{1} << 20}) {
+      Blob b(size);
+      std::uint64_t h = 5;
+      for (std::size_t i = 0; i < size; ++i) {
+        b.data()[i] = static_cast<std::byte>(i ^ (i >> 8));
+        h = h * 31 + static_cast<std::uint8_t>(b.data()[i]);
+      }
+      CHECK(rt.async_future(peer, blob_sum, std::move(b), std::uint64_t{5}).get() == h, "blob_sum %zu on %d", size, peer);
+      Blob back = rt.async_future(peer, make_blob, std::uint64_t{size}).get();
+      bool ok = back.size() == size;
+      for (std::size_t i = 0; ok && i < size; ++i) ok = back.data()[i] == static_cast<std::byte>(i * 7);
+      CHECK(ok, "make_blob %zu from %d", size, peer);
+    }
+    CHECK(rt.async_future(peer, plus_one_via, (peer + 1) % n, 9).get() == 10, "nested via %d", peer);
+  }
+
+  // Bad input: clear errors, nothing crashes.
+  try {
+    rt.async(n, add, 1, 2);
+    CHECK(false, "async to locality %d did not throw", n);
+  } catch (const ferry::Error& e) {
+    CHECK(std::string(e.what()).find("locality=" + std::to_string(n)) != std::string::npos, "message: %s", e.what());
+  }
+  if (me == 0 && n > 1) {
+    ferry::amt::Action<void, int> only{ferry::amt::detail::hash_name("only_on_zero"), "only_on_zero"};
+    rt.async(1, only, 7);  // locality 1 never registers it: reported there at finalize
+  }
+
+  // Termination with work in flight: start cascades and finalize at once.
+  const int depth = 9;
+  rt.async(me, spread, depth);
+  rt.finalize();
+
+  std::vector<long> runs(static_cast<std::size_t>(n), 0);
+  for (int root = 0; root < n; ++root) simulate(root, depth, n, runs);
+  CHECK(spread_runs.load() == runs[static_cast<std::size_t>(me)], "spread ran %ld times here, expected %ld",
+        spread_runs.load(), runs[static_cast<std::size_t>(me)]);
+  const std::uint64_t expected_errors = (me == 1) ? 1 : 0;
+  CHECK(rt.errors() == expected_errors, "errors() = %llu, expected %llu", static_cast<unsigned long long>(rt.errors()),
+        static_cast<unsigned long long>(expected_errors));
+  if (failures == 0) {
+    std::printf("locality %d (%s, %d workers): all AMT checks passed; %ld cascade tasks\n", me, rt.parcelport().c_str(),
+                rt.threads(), spread_runs.load());
+  }
+  return failures == 0 ? 0 : 1;
+}
