@@ -20,6 +20,11 @@ namespace {
 constexpr std::size_t kHeader = sizeof(WireHeader);
 constexpr std::size_t kMaxSize = std::size_t{1} << 62;  // beyond this, size arithmetic is suspect
 constexpr int kPollBatch = 16;
+}  // namespace
+// Messages up to this size (header included) that the provider can inject are built on the
+// stack instead of in a packet.
+constexpr std::size_t kStackInject = 256;
+namespace {
 
 std::string str(std::size_t v) { return std::to_string(v); }
 
@@ -143,36 +148,47 @@ void DeviceImpl::connect(const std::vector<std::string>& addresses) {
 
 // ---- checks -----------------------------------------------------------------------------
 
-void DeviceImpl::check_alive(const char* call) const {
-  if (finalized_.load(std::memory_order_relaxed)) {
-    throw Error(std::string(call) + ": called after the runtime was finalized");
-  }
-}
-
-void DeviceImpl::check_rank(const char* call, int rank) const {
-  if (rank < 0 || rank >= runtime_.size()) {
-    throw Error(std::string(call) + ": rank=" + std::to_string(rank) + " is out of range; the job has " +
-                std::to_string(runtime_.size()) + " ranks (0.." + std::to_string(runtime_.size() - 1) + ")");
-  }
-}
-
+// The checks are inline compares; only the throwing halves are out of line (and cold), so
+// the fast path pays a few predictable branches.
 namespace {
 
-void check_buffer(const char* call, const char* name, const void* buffer, std::size_t size) {
-  if (buffer == nullptr && size != 0) {
-    throw Error(std::string(call) + ": " + name + "=null with size=" + str(size));
-  }
-  if (size > kMaxSize) throw Error(std::string(call) + ": size=" + str(size) + " is too large");
+[[noreturn, gnu::cold, gnu::noinline]] void throw_finalized(const char* call) {
+  throw Error(std::string(call) + ": called after the runtime was finalized");
 }
 
-void check_tag(const char* call, Tag tag) {
-  if (tag > max_tag) {
-    throw Error(std::string(call) + ": tag=" + std::to_string(tag) + " is out of range; tags are 0.." +
-                std::to_string(max_tag));
-  }
+[[noreturn, gnu::cold, gnu::noinline]] void throw_rank(const char* call, int rank, int size) {
+  throw Error(std::string(call) + ": rank=" + std::to_string(rank) + " is out of range; the job has " +
+              std::to_string(size) + " ranks (0.." + std::to_string(size - 1) + ")");
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] void throw_buffer(const char* call, const char* name, const void* buffer,
+                                                         std::size_t size) {
+  if (buffer == nullptr) throw Error(std::string(call) + ": " + name + "=null with size=" + str(size));
+  throw Error(std::string(call) + ": size=" + str(size) + " is too large");
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] void throw_tag(const char* call, Tag tag) {
+  throw Error(std::string(call) + ": tag=" + std::to_string(tag) + " is out of range; tags are 0.." +
+              std::to_string(max_tag));
+}
+
+inline void check_buffer(const char* call, const char* name, const void* buffer, std::size_t size) {
+  if (__builtin_expect((buffer == nullptr && size != 0) || size > kMaxSize, 0)) throw_buffer(call, name, buffer, size);
+}
+
+inline void check_tag(const char* call, Tag tag) {
+  if (__builtin_expect(tag > max_tag, 0)) throw_tag(call, tag);
 }
 
 }  // namespace
+
+void DeviceImpl::check_alive(const char* call) const {
+  if (__builtin_expect(finalized_.load(std::memory_order_relaxed), 0)) throw_finalized(call);
+}
+
+void DeviceImpl::check_rank(const char* call, int rank) const {
+  if (__builtin_expect(rank < 0 || rank >= runtime_.size(), 0)) throw_rank(call, rank, runtime_.size());
+}
 
 // ---- credits and the deferred list ---------------------------------------------------
 
@@ -258,6 +274,9 @@ Status DeviceImpl::post_am(const AmArgs& a) {
   if (a.size > eager_limit_) {
     return post_rendezvous(OpKind::am, a.rank, a.tag, a.target.id, a.buffer, a.size, a.local, a.context);
   }
+  if (kHeader + a.size <= kStackInject && kHeader + a.size <= caps_.inject_size) {
+    return inject_small(MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
+  }
   Packet* p = pool_->get();
   if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
   fill_header(p, MsgKind::am, a.target.id, runtime_.rank(), a.tag);
@@ -268,6 +287,19 @@ Status DeviceImpl::post_am(const AmArgs& a) {
 std::size_t DeviceImpl::iovec_eager_limit(std::size_t parts) const noexcept {
   const std::size_t overhead = kHeader + sizeof(RtsBody) + parts * sizeof(RtsPart);
   return overhead >= config_.packet_size ? 0 : config_.packet_size - overhead;
+}
+
+// Small messages the provider injects (copies at once) need no packet: header and payload are
+// assembled on the stack, so the pool is not touched at all.
+Status DeviceImpl::inject_small(MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer,
+                                std::size_t size) {
+  alignas(16) unsigned char frame[kStackInject];
+  encode(frame, WireHeader{kind, 0, target, runtime_.rank(), tag, 0});
+  if (size != 0) std::memcpy(frame + kHeader, buffer, size);
+  const ssize_t rc = fi_inject(endpoint_.ep(), frame, kHeader + size, static_cast<fi_addr_t>(rank));
+  if (rc == 0) return Status::make_done();
+  if (rc == -FI_EAGAIN) return Status::make_retry(RetryReason::provider);
+  throw Error(net::fi_error("fi_inject", rc) + " to rank " + std::to_string(rank));
 }
 
 bool DeviceImpl::post_barrier_step(int rank, std::uint32_t step) {
@@ -284,6 +316,9 @@ Status DeviceImpl::post_send(const SendArgs& a) {
   check_tag("post_send", a.tag);
   if (a.size > eager_limit_) {
     return post_rendezvous(OpKind::send, a.rank, a.tag, 0, a.buffer, a.size, a.local, a.context);
+  }
+  if (kHeader + a.size <= kStackInject && kHeader + a.size <= caps_.inject_size) {
+    return inject_small(MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
   }
   Packet* p = pool_->get();
   if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);

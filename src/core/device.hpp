@@ -26,6 +26,7 @@
 #include "core/matching.hpp"
 #include "core/packet_pool.hpp"
 #include "core/spinlock.hpp"
+#include "core/wire.hpp"
 #include "ferry/runtime.hpp"
 #include "net/fabric.hpp"
 
@@ -95,6 +96,7 @@ class DeviceImpl {
  private:
   void check_alive(const char* call) const;
   void check_rank(const char* call, int rank) const;
+  Status inject_small(MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer, std::size_t size);
   Status post_rendezvous(OpKind op, int rank, Tag tag, std::uint16_t target, const void* buffer,
                          std::size_t size, CompletionObject* local, void* context);
   void on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src);
