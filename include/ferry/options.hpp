@@ -30,7 +30,10 @@ namespace ferry {
   X(cq_capacity, "FERRY_CQ_CAPACITY", "65536", "default completion queue capacity")       \
   X(max_targets, "FERRY_MAX_TARGETS", "4096", "remote target ids per runtime (0..N-1)")   \
   X(rdv_threshold, "FERRY_RDV_THRESHOLD", "0",                                             \
-    "messages above this many bytes use rendezvous; 0: as large as a packet allows")
+    "messages above this many bytes use rendezvous; 0: as large as a packet allows")     \
+  X(parcelport, "FERRY_PARCELPORT", "ferry",                                               \
+    "ferry::amt's parcel transport: ferry, mpi, mpi_a, mpix")                              \
+  X(amt_threads, "FERRY_AMT_THREADS", "1", "ferry::amt worker threads per locality")
 
 struct OptionInfo {
   const char* name;
@@ -54,6 +57,9 @@ struct RuntimeOptions {
   std::size_t cq_capacity = 0;
   std::size_t max_targets = 0;
   std::size_t rdv_threshold = 0;
+  // Read by ferry::amt (amt::Options), listed here so the one table shows every setting.
+  std::string parcelport{};
+  int amt_threads = 0;
 };
 
 // The value in force for each option: explicit setting, else environment, else default,
