@@ -1,0 +1,29 @@
+// Rank 1 dies in the middle of the traffic; rank 0 keeps sending to it and waiting for a reply
+// that never comes. The job must end (ferryrun reports rank 1 and stops rank 0), not hang.
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "ferry/ferry.hpp"
+
+int main() {
+  ferry::Runtime rt;
+  ferry::Device& dev = rt.device();
+  ferry::CompletionQueue inbox;
+  ferry::Exposure ex = rt.expose(inbox, 1);
+  rt.barrier();
+  char byte = 1;
+  if (rt.rank() == 1) {
+    for (int got = 0; got < 100;) {
+      dev.progress();
+      if (inbox.pop()) ++got;
+    }
+    std::fprintf(stderr, "rank 1: dying on purpose\n");
+    _exit(3);
+  }
+  for (;;) {  // rank 0: would wait forever for a peer that is gone
+    (void)dev.post_am({.rank = 1, .buffer = &byte, .size = 1, .target = {1}});
+    dev.progress();
+    (void)inbox.pop();
+  }
+}
