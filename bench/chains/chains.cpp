@@ -300,6 +300,7 @@ int main(int argc, char** argv) {
                           {"time_s", time_s},
                           {"latency_us", latency_us},
                           {"msg_rate", msg_rate},
+                          {"total_rate", messages / time_s},
                           {"errors", errors}};
       std::printf("%s\n", j.dump().c_str());
     } else {
