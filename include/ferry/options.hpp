@@ -25,6 +25,8 @@ namespace ferry {
     "bytes per packet; messages up to this size minus a 16-byte header go eagerly")        \
   X(packets, "FERRY_PACKETS", "4096", "packets per device (send and receive buffers)")    \
   X(prepost, "FERRY_PREPOST", "256", "receives each device keeps posted")                 \
+  X(recv_descriptors, "FERRY_RECV_DESCRIPTORS", "16384",                                   \
+    "post_recv calls per device that may wait for their message at once")                  \
   X(send_credits, "FERRY_SEND_CREDITS", "0",                                               \
     "outstanding sends per device; 0: the provider's transmit queue size")                 \
   X(cq_capacity, "FERRY_CQ_CAPACITY", "65536", "default completion queue capacity")       \
@@ -53,6 +55,7 @@ struct RuntimeOptions {
   std::size_t packet_size = 0;
   std::size_t packets = 0;
   std::size_t prepost = 0;
+  std::size_t recv_descriptors = 0;
   std::size_t send_credits = 0;
   std::size_t cq_capacity = 0;
   std::size_t max_targets = 0;

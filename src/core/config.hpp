@@ -16,6 +16,7 @@ struct Config {
   std::size_t packet_size;
   std::size_t packets;
   std::size_t prepost;
+  std::size_t recv_descriptors;
   std::size_t send_credits;
   std::size_t cq_capacity;
   std::size_t max_targets;

@@ -119,6 +119,7 @@ DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, net::Fabric& fabric, con
       caps_(fabric.caps()),
       config_(config),
       pool_(std::make_unique<PacketPool>(config.packets, config.packet_size)),
+      recv_descriptors_(std::make_unique<PacketPool>(config.recv_descriptors, 64)),
       endpoint_(fabric, 0),
       eager_limit_(config.packet_size - kHeader),
       credits_max_(config.send_credits != 0 ? config.send_credits
@@ -134,7 +135,7 @@ DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, net::Fabric& fabric, con
 DeviceImpl::~DeviceImpl() {
   // Cancel what the provider still holds, then give the packets back so the pool can go.
   fi_cancel(&endpoint_.ep()->fid, nullptr);
-  matching_.drain([this](Packet* p) { pool_->put_shared(p); });
+  matching_.drain([](Packet* p) { p->pool->put_shared(p); });
   net::close_mr(pool_mr_);
   // endpoint_ closes in its destructor before pool_ frees the slab (declaration order).
 }
@@ -419,25 +420,32 @@ Status DeviceImpl::post_recv(const RecvArgs& a) {
   if (a.rank != any_source) check_rank("post_recv", a.rank);
   check_buffer("post_recv", "buffer", a.buffer, a.size);
   if (a.tag != any_tag) check_tag("post_recv", a.tag);
-  Packet* r = pool_->get();
-  if (r == nullptr) return Status::make_retry(RetryReason::packet_pool);
-  r->rank = a.rank;
-  r->tag = a.tag;
-  r->buffer = a.buffer;
-  r->size = a.size;
-  r->local = a.local;
-  r->context = a.context;
-  Packet* m = matching_.add_recv(r);
-  if (m == nullptr) return Status::make_posted();
+  const RecvSpec spec{a.buffer, a.size, a.local, a.context};
+  const auto res = matching_.add_recv(a.rank, a.tag, [&]() -> Packet* {
+    Packet* r = recv_descriptors_->get();
+    if (r != nullptr) {
+      r->rank = a.rank;
+      r->tag = a.tag;
+      r->buffer = a.buffer;
+      r->size = a.size;
+      r->local = a.local;
+      r->context = a.context;
+    }
+    return r;
+  });
+  Packet* m = res.message;
+  if (m == nullptr) {
+    return res.queued != nullptr ? Status::make_posted() : Status::make_retry(RetryReason::packet_pool);
+  }
   const auto h = decode<WireHeader>(m->data());
   if (h.kind == MsgKind::rts_msg) {
-    start_rendezvous_recv(m, r);
+    start_rendezvous_recv(m, &spec);
     return Status::make_posted();
   }
   // An eager message was already here: copy it out and finish now.
   const std::size_t have = m->length - kHeader;
   if (have > a.size) {  // truncation is reported through the completion object
-    deliver_message(r, m);
+    deliver_message(spec, m);
     return Status::make_posted();
   }
   if (have != 0) std::memcpy(a.buffer, m->data() + kHeader, have);
@@ -446,26 +454,23 @@ Status DeviceImpl::post_recv(const RecvArgs& a) {
   s.tag = h.tag;
   s.size = have;
   pool_->put(m);
-  pool_->put(r);
   return s;
 }
 
-// Copies an eager message into a matched receive and signals it. Consumes both packets.
-void DeviceImpl::deliver_message(Packet* recv, Packet* message) {
+// Copies an eager message into a matched receive and signals it. Consumes the message.
+void DeviceImpl::deliver_message(const RecvSpec& recv, Packet* message) {
   const auto h = decode<WireHeader>(message->data());
   const std::size_t have = message->length - kHeader;
   Completion c;
   c.op = OpKind::recv;
   c.rank = h.src;
   c.tag = h.tag;
-  c.context = recv->context;
-  c.size = have <= recv->size ? have : recv->size;
-  if (have > recv->size) c.error = -FI_ETRUNC;
-  if (c.size != 0) std::memcpy(recv->buffer, message->data() + kHeader, c.size);
-  CompletionObject* local = recv->local;
+  c.context = recv.context;
+  c.size = have <= recv.size ? have : recv.size;
+  if (have > recv.size) c.error = -FI_ETRUNC;
+  if (c.size != 0) std::memcpy(recv.buffer, message->data() + kHeader, c.size);
   pool_->put(message);
-  pool_->put(recv);
-  signal_local(local, std::move(c));
+  signal_local(recv.local, std::move(c));
 }
 
 namespace {
@@ -562,8 +567,8 @@ static void finish_recv_op(DeviceImpl& dev, RecvOp* op) {
 }
 
 // Starts reading the message an RTS announces. `recv` is the matched user receive (rts_msg)
-// or null (rts_am, rts_iovec). Consumes both packets. Called by progress or by post_recv.
-void DeviceImpl::start_rendezvous_recv(Packet* rts, Packet* recv) {
+// or null (rts_am, rts_iovec). Consumes the RTS packet. Called by progress or by post_recv.
+void DeviceImpl::start_rendezvous_recv(Packet* rts, const RecvSpec* recv) {
   const auto h = decode<WireHeader>(rts->data());
   const auto body = decode<RtsBody>(rts->data() + kHeader);
   auto* op = new RecvOp{};
@@ -590,7 +595,6 @@ void DeviceImpl::start_rendezvous_recv(Packet* rts, Packet* recv) {
         void* desc = reg_local(recv->buffer, op->size);
         add_chunks(op->chunks, op, CtxKind::rdv_read, static_cast<unsigned char*>(recv->buffer), desc, op->size,
                    body.addr, body.key, max);
-        pool_->put(recv);
         break;
       }
       case MsgKind::rts_am: {
@@ -674,7 +678,9 @@ void DeviceImpl::on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src
       p->tag = h.tag;
       Packet* r = matching_.add_message(p);
       if (r == nullptr) return;  // unexpected: the packet waits in the matching engine
-      if (h.kind == MsgKind::msg) deliver_message(r, p); else start_rendezvous_recv(p, r);
+      const RecvSpec spec{r->buffer, r->size, r->local, r->context};
+      recv_descriptors_->put(r);
+      if (h.kind == MsgKind::msg) deliver_message(spec, p); else start_rendezvous_recv(p, &spec);
       return;
     }
     case MsgKind::rts_am:

@@ -102,8 +102,15 @@ class DeviceImpl {
   void on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src);
   void on_notification(const fi_cq_data_entry& e, std::uint64_t src);
   void on_error(const fi_cq_err_entry& e);
-  void deliver_message(Packet* recv, Packet* message);
-  void start_rendezvous_recv(Packet* rts, Packet* recv);
+  // What a receive wants: from post_recv directly, or from its queued descriptor.
+  struct RecvSpec {
+    void* buffer;
+    std::size_t size;
+    CompletionObject* local;
+    void* context;
+  };
+  void deliver_message(const RecvSpec& recv, Packet* message);
+  void start_rendezvous_recv(Packet* rts, const RecvSpec* recv);
   void repost();
   void run_deferred();
 
@@ -112,6 +119,9 @@ class DeviceImpl {
   const net::Caps& caps_;
   const Config& config_;
   std::unique_ptr<PacketPool> pool_;
+  // Descriptors of receives that wait for their message: a pool of their own, so posting a
+  // receive never competes with the packets that carry (and hold) arriving messages.
+  std::unique_ptr<PacketPool> recv_descriptors_;
   net::Endpoint endpoint_;
   fid_mr* pool_mr_ = nullptr;
   void* pool_desc_ = nullptr;

@@ -4,7 +4,10 @@
 //  - Entries are Packets: a posted receive is a packet holding the receive's descriptor
 //    (rank or any_source, tag or any_tag, buffer, size); an unexpected message is the packet
 //    it arrived in, with its sender and tag copied into rank/tag.
-//  - add_recv(r) returns the oldest unexpected message r matches (removing it), or queues r.
+//  - add_recv(rank, tag, make) returns the oldest unexpected message the receive matches
+//    (removing it); only when none matches does it call make() for a descriptor and queue it,
+//    so a receive of a message that is already here needs no descriptor at all. (A receive
+//    must never wait for a resource that only its own match would free.)
 //    add_message(m) returns the oldest posted receive that matches m (removing it), or queues
 //    m. So a receive gets messages in arrival order, and messages receives in posting order
 //    (MPI's non-overtaking rule, per device).
@@ -26,13 +29,27 @@ inline bool tags_match(int want_rank, Tag want_tag, int rank, Tag tag) noexcept 
 
 class MatchingEngine {
  public:
-  Packet* add_recv(Packet* recv) noexcept {
+  struct RecvResult {
+    Packet* message;  // the matched unexpected message, or null
+    Packet* queued;   // the descriptor now waiting, or null
+  };
+  // make() returns a descriptor with rank and tag set, or null when none is free; it runs
+  // under the lock, so it must be short and non-blocking (a lock-free pool get).
+  template <class Make>
+  RecvResult add_recv(int rank, Tag tag, Make&& make) noexcept {
     std::lock_guard<SpinLock> guard(lock_);
-    if (Packet* m = take(messages_, [&](const Packet* p) { return tags_match(recv->rank, recv->tag, p->rank, p->tag); })) {
-      return m;
+    if (Packet* m = take(messages_, [&](const Packet* p) { return tags_match(rank, tag, p->rank, p->tag); })) {
+      return {m, nullptr};
     }
-    append(recvs_, recv);
-    return nullptr;
+    Packet* r = make();
+    if (r != nullptr) append(recvs_, r);
+    return {nullptr, r};
+  }
+
+  // The same with a ready descriptor (tests, and callers that already hold one).
+  Packet* add_recv(Packet* recv) noexcept {
+    const RecvResult res = add_recv(recv->rank, recv->tag, [recv] { return recv; });
+    return res.message;
   }
 
   Packet* add_message(Packet* message) noexcept {

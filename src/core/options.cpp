@@ -112,6 +112,7 @@ Config resolve_config(const RuntimeOptions& o) {
   c.packet_size = size_option(o, o.packet_size, "FERRY_PACKET_SIZE", "8192");
   c.packets = size_option(o, o.packets, "FERRY_PACKETS", "4096");
   c.prepost = size_option(o, o.prepost, "FERRY_PREPOST", "256");
+  c.recv_descriptors = size_option(o, o.recv_descriptors, "FERRY_RECV_DESCRIPTORS", "16384");
   c.send_credits = size_option(o, o.send_credits, "FERRY_SEND_CREDITS", "0");
   c.cq_capacity = size_option(o, o.cq_capacity, "FERRY_CQ_CAPACITY", "65536");
   c.max_targets = size_option(o, o.max_targets, "FERRY_MAX_TARGETS", "4096");
@@ -120,6 +121,7 @@ Config resolve_config(const RuntimeOptions& o) {
   require_range("FERRY_PACKET_SIZE", c.packet_size, 64, 1u << 30);
   require_range("FERRY_PACKETS", c.packets, 2, 1u << 24);
   require_range("FERRY_PREPOST", c.prepost, 1, c.packets);
+  require_range("FERRY_RECV_DESCRIPTORS", c.recv_descriptors, 1, 1u << 24);
   require_range("FERRY_CQ_CAPACITY", c.cq_capacity, 2, 1u << 28);
   require_range("FERRY_MAX_TARGETS", c.max_targets, 1, 65536);
   return c;

@@ -116,7 +116,7 @@ TEST_F(Env, DefaultsMatchTheOptionTable) {
   // must agree, or ferry-info would print a value ferry does not use.
   const std::map<std::string, std::size_t> resolved = {
       {"devices", static_cast<std::size_t>(c.devices)}, {"packet_size", c.packet_size},
-      {"packets", c.packets},         {"prepost", c.prepost},
+      {"packets", c.packets},         {"prepost", c.prepost}, {"recv_descriptors", c.recv_descriptors},
       {"send_credits", c.send_credits}, {"cq_capacity", c.cq_capacity},
       {"max_targets", c.max_targets}, {"rdv_threshold", c.rdv_threshold}};
   for (const ferry::OptionInfo& o : ferry::option_table()) {
@@ -269,7 +269,8 @@ TEST(OptionTable, ListsEveryVariableOnceWithConsistentNames) {
   const std::set<std::string> expected = {"FERRY_BOOTSTRAP",   "FERRY_PROVIDER",     "FERRY_DEVICES",
                                           "FERRY_PACKET_SIZE", "FERRY_PACKETS",      "FERRY_PREPOST",
                                           "FERRY_SEND_CREDITS", "FERRY_CQ_CAPACITY", "FERRY_MAX_TARGETS",
-                                          "FERRY_RDV_THRESHOLD", "FERRY_PARCELPORT",  "FERRY_AMT_THREADS"};
+                                          "FERRY_RDV_THRESHOLD", "FERRY_PARCELPORT",  "FERRY_AMT_THREADS",
+                                          "FERRY_RECV_DESCRIPTORS"};
   std::multiset<std::string> envs, names;
   for (const ferry::OptionInfo& o : ferry::option_table()) {
     ASSERT_NE(o.name, nullptr);
