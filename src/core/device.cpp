@@ -244,7 +244,7 @@ Status DeviceImpl::send_packet(Packet* p, int rank, std::size_t length) {
     pool_->put(p);
     return Status::make_retry(RetryReason::send_queue);
   }
-  p->ctx.kind = CtxKind::send_packet;
+  p->ctx.set_kind(CtxKind::send_packet);
   p->rank = rank;  // for the error report, should the send fail later
   const ssize_t rc = fi_send(ep, p->data(), length, pool_desc_, static_cast<fi_addr_t>(rank), &p->ctx.fi);
   if (rc == 0) return Status::make_done();
@@ -480,7 +480,7 @@ void add_chunks(std::vector<Chunk>& out, void* owner, CtxKind kind, unsigned cha
                 std::size_t size, std::uint64_t addr, std::uint64_t key, std::size_t max) {
   for (std::size_t off = 0; off < size; off += max) {
     Chunk c{};
-    c.ctx.kind = kind;
+    c.ctx.set_kind(kind);
     c.owner = owner;
     c.local = local + off;
     c.desc = desc;
@@ -832,7 +832,7 @@ static Status post_rma(DeviceImpl& dev, const RmaRequest& r) {
       dev.pool().put(p);
       return Status::make_retry(RetryReason::send_queue);
     }
-    p->ctx.kind = CtxKind::rma_single;
+    p->ctx.set_kind(CtxKind::rma_single);
     p->op = r.op;
     p->rank = r.rank;
     p->size = r.size;
@@ -932,7 +932,7 @@ void DeviceImpl::repost() {
   while (posted_recvs_ < config_.prepost) {
     Packet* p = pool_->get();
     if (p == nullptr) return;  // the pool is dry: try again on the next progress
-    p->ctx.kind = CtxKind::recv_packet;
+    p->ctx.set_kind(CtxKind::recv_packet);
     const ssize_t rc = fi_recv(ep, p->data(), config_.packet_size, pool_desc_, FI_ADDR_UNSPEC, &p->ctx.fi);
     if (rc != 0) {
       pool_->put(p);
@@ -953,7 +953,7 @@ void DeviceImpl::on_error(const fi_cq_err_entry& e) {
                  fi_strerror(static_cast<int>(e.err)));
     return;
   }
-  switch (ctx->kind) {
+  switch (ctx->kind()) {
     case CtxKind::recv_packet: {
       auto* p = reinterpret_cast<Packet*>(ctx);
       --posted_recvs_;
@@ -1031,7 +1031,7 @@ bool DeviceImpl::progress() {
       }
       auto* ctx = static_cast<OpContext*>(e.op_context);
       if (ctx == nullptr) continue;
-      switch (ctx->kind) {
+      switch (ctx->kind()) {
         case CtxKind::recv_packet:
           on_recv(reinterpret_cast<Packet*>(ctx), e, sources[i]);
           break;

@@ -8,6 +8,7 @@
 
 #include <rdma/fabric.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "ferry/completion.hpp"
@@ -22,9 +23,23 @@ enum class CtxKind : std::uint8_t {
   rdv_read,       // one chunk of a rendezvous read (RecvOp)
 };
 
+// The kind is written (release) just before an operation is handed to libfabric and read
+// (acquire) by whichever thread polls its completion. The provider orders the two already,
+// but through code and memory no tool can see (another process, for shm); this pair makes
+// the handoff of everything written before the post explicit. On x86 both are plain moves.
 struct OpContext {
   struct fi_context2 fi;
-  CtxKind kind;
+  std::atomic<CtxKind> kind_{CtxKind::recv_packet};
+
+  OpContext() = default;
+  OpContext(const OpContext& o) noexcept : fi(o.fi), kind_(o.kind_.load(std::memory_order_relaxed)) {}
+  OpContext& operator=(const OpContext& o) noexcept {
+    fi = o.fi;
+    kind_.store(o.kind_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    return *this;
+  }
+  void set_kind(CtxKind k) noexcept { kind_.store(k, std::memory_order_release); }
+  CtxKind kind() const noexcept { return kind_.load(std::memory_order_acquire); }
 };
 
 }  // namespace ferry::detail
