@@ -33,6 +33,15 @@ namespace ferry {
   X(max_targets, "FERRY_MAX_TARGETS", "4096", "remote target ids per runtime (0..N-1)")   \
   X(rdv_threshold, "FERRY_RDV_THRESHOLD", "0",                                             \
     "messages above this many bytes use rendezvous; 0: as large as a packet allows")     \
+  X(lock_model, "FERRY_LOCK_MODEL", "lockless",                                            \
+    "device thread safety: lockless, trylock, block, lockq, csync, offload")               \
+  X(completion, "FERRY_COMPLETION", "cq",                                                  \
+    "completion mechanism: cq (array queue), cq_ms (Michael-Scott), cq_lock, sync")        \
+  X(header, "FERRY_HEADER", "am", "parcel header primitive: am, sendrecv")                \
+  X(progress, "FERRY_PROGRESS", "explicit",                                                \
+    "who progresses: explicit, implicit, thread:N (N progress threads), steal")            \
+  X(device_polling, "FERRY_DEVICE_POLLING", "local",                                       \
+    "which devices an idle thread polls: local, random, global")                           \
   X(parcelport, "FERRY_PARCELPORT", "ferry",                                               \
     "ferry::amt's parcel transport: ferry, mpi, mpi_a, mpix")                              \
   X(amt_threads, "FERRY_AMT_THREADS", "1", "ferry::amt worker threads per locality")
@@ -60,6 +69,12 @@ struct RuntimeOptions {
   std::size_t cq_capacity = 0;
   std::size_t max_targets = 0;
   std::size_t rdv_threshold = 0;
+  // The design space (validated by resolve_config; each lists its valid values on error).
+  std::string lock_model{};
+  std::string completion{};
+  std::string header{};
+  std::string progress{};
+  std::string device_polling{};
   // Read by ferry::amt (amt::Options), listed here so the one table shows every setting.
   std::string parcelport{};
   int amt_threads = 0;

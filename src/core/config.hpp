@@ -21,6 +21,12 @@ struct Config {
   std::size_t cq_capacity;
   std::size_t max_targets;
   std::size_t rdv_threshold;
+  std::string lock_model;      // lockless, trylock, block, lockq, csync, offload
+  std::string completion;      // cq, cq_ms, cq_lock, sync
+  std::string header;          // am, sendrecv
+  std::string progress;        // explicit, implicit, thread:N, steal
+  int progress_threads;        // N of thread:N, else 0
+  std::string device_polling;  // local, random, global
 };
 
 // Explicit option, else environment, else default. Throws ferry::Error on a malformed value,

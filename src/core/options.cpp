@@ -117,6 +117,44 @@ Config resolve_config(const RuntimeOptions& o) {
   c.cq_capacity = size_option(o, o.cq_capacity, "FERRY_CQ_CAPACITY", "65536");
   c.max_targets = size_option(o, o.max_targets, "FERRY_MAX_TARGETS", "4096");
   c.rdv_threshold = size_option(o, o.rdv_threshold, "FERRY_RDV_THRESHOLD", "0");
+  auto choice = [](const char* env, const std::string& explicit_value, const char* def,
+                   std::initializer_list<const char*> valid) {
+    std::string v = pick(explicit_value, env, def);
+    for (const char* ok : valid) {
+      if (v == ok) return v;
+    }
+    std::string list;
+    for (const char* ok : valid) list += (list.empty() ? "" : ", ") + std::string(ok);
+    throw Error(std::string(env) + "='" + v + "' is not valid; valid values: " + list);
+  };
+  c.lock_model = choice("FERRY_LOCK_MODEL", o.lock_model, "lockless",
+                        {"lockless", "trylock", "block", "lockq", "csync", "offload"});
+  c.completion = choice("FERRY_COMPLETION", o.completion, "cq", {"cq", "cq_ms", "cq_lock", "sync"});
+  c.header = choice("FERRY_HEADER", o.header, "am", {"am", "sendrecv"});
+  c.device_polling = choice("FERRY_DEVICE_POLLING", o.device_polling, "local", {"local", "random", "global"});
+  c.progress = pick(o.progress, "FERRY_PROGRESS", "explicit");
+  c.progress_threads = 0;
+  if (c.progress.rfind("thread:", 0) == 0) {
+    const std::string n = c.progress.substr(7);
+    if (n.empty() || n.size() > 3 || n.find_first_not_of("0123456789") != std::string::npos || std::stoi(n) < 1) {
+      throw Error("FERRY_PROGRESS='" + c.progress + "' is not valid: thread:N needs N from 1 to 999");
+    }
+    c.progress_threads = std::stoi(n);
+  } else if (c.progress != "explicit" && c.progress != "implicit" && c.progress != "steal") {
+    throw Error("FERRY_PROGRESS='" + c.progress + "' is not valid; valid values: explicit, implicit, thread:N, steal");
+  }
+  // Settings of the design space this build does not implement yet are refused, never ignored.
+  auto not_yet = [](const char* env, const std::string& v, std::initializer_list<const char*> implemented) {
+    for (const char* ok : implemented) {
+      if (v == ok) return;
+    }
+    throw Error(std::string(env) + "='" + v + "' is not implemented in this build yet");
+  };
+  not_yet("FERRY_LOCK_MODEL", c.lock_model, {"lockless"});
+  not_yet("FERRY_COMPLETION", c.completion, {"cq"});
+  not_yet("FERRY_HEADER", c.header, {"am"});
+  not_yet("FERRY_PROGRESS", c.progress_threads != 0 ? "thread" : c.progress, {"explicit"});
+  not_yet("FERRY_DEVICE_POLLING", c.device_polling, {"local"});
   require_range("FERRY_DEVICES", static_cast<std::size_t>(c.devices), 1, 64);
   require_range("FERRY_PACKET_SIZE", c.packet_size, 64, 1u << 30);
   require_range("FERRY_PACKETS", c.packets, 2, 1u << 24);

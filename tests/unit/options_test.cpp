@@ -124,7 +124,9 @@ TEST_F(Env, DefaultsMatchTheOptionTable) {
     if (it == resolved.end()) {
       // Text options, and the two ferry::amt reads itself (its defaults: ferry, 1 thread).
       const std::map<std::string, std::string> text = {
-          {"bootstrap", "auto"}, {"provider", "auto"}, {"parcelport", "ferry"}, {"amt_threads", "1"}};
+          {"bootstrap", "auto"}, {"provider", "auto"}, {"parcelport", "ferry"}, {"amt_threads", "1"},
+          {"lock_model", "lockless"}, {"completion", "cq"}, {"header", "am"}, {"progress", "explicit"},
+          {"device_polling", "local"}};
       ASSERT_TRUE(text.count(o.name)) << o.name << " has no checked default";
       EXPECT_EQ(o.default_value, text.at(o.name)) << o.name;
       continue;
@@ -270,7 +272,8 @@ TEST(OptionTable, ListsEveryVariableOnceWithConsistentNames) {
                                           "FERRY_PACKET_SIZE", "FERRY_PACKETS",      "FERRY_PREPOST",
                                           "FERRY_SEND_CREDITS", "FERRY_CQ_CAPACITY", "FERRY_MAX_TARGETS",
                                           "FERRY_RDV_THRESHOLD", "FERRY_PARCELPORT",  "FERRY_AMT_THREADS",
-                                          "FERRY_RECV_DESCRIPTORS"};
+                                          "FERRY_RECV_DESCRIPTORS", "FERRY_LOCK_MODEL",   "FERRY_COMPLETION",
+                                          "FERRY_HEADER",      "FERRY_PROGRESS",     "FERRY_DEVICE_POLLING"};
   std::multiset<std::string> envs, names;
   for (const ferry::OptionInfo& o : ferry::option_table()) {
     ASSERT_NE(o.name, nullptr);
