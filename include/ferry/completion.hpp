@@ -103,12 +103,28 @@ namespace detail {
 class QueueImpl;
 }
 
-// Which queue algorithm backs a CompletionQueue.
-enum class QueueKind : std::uint8_t { ring };
+// Which queue algorithm backs a CompletionQueue (paper 000 §5.2, Figure 7).
+//  - ring: bounded array queue, CAS on head/tail tickets with per-cell sequence numbers.
+//  - faa: bounded array queue in the LCRQ class: fetch-and-add tickets, no CAS loop on the
+//    counters (one CRQ of LCRQ on 64-bit atomics).
+//  - ms: Michael-Scott linked queue (CAS on head/tail) over a fixed per-queue node pool.
+//  - lock: a std::deque under a mutex (the locked baseline; never full).
+//  - default_kind: whatever FERRY_COMPLETION selects (cq: the faster array queue as measured,
+//    cq_ms: ms, cq_lock: lock), read when the queue is made.
+// The bounded kinds hold `capacity` entries; past that, and when a push is refused for another
+// reason their contract allows, entries spill into the CompletionQueue's overflow list.
+enum class QueueKind : std::uint8_t { ring, faa, ms, lock, default_kind };
+
+// "ring", "faa", "ms", "lock", "default".
+const char* to_string(QueueKind kind) noexcept;
+
+// The kind QueueKind::default_kind stands for now (from FERRY_COMPLETION; throws ferry::Error
+// on an invalid value).
+QueueKind default_queue_kind();
 
 struct CompletionQueueOptions {
   std::size_t capacity = 0;        // 0: FERRY_CQ_CAPACITY
-  QueueKind kind = QueueKind::ring;
+  QueueKind kind = QueueKind::default_kind;
 };
 
 class CompletionQueue final : public CompletionObject {

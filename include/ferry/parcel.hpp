@@ -69,6 +69,7 @@ using SentCallback = std::function<void()>;
 struct TransportOptions {
   std::string kind = "ferry";     // ferry, mpi, mpi_a, mpix
   int devices = 0;                // ferry: devices (0: FERRY_DEVICES); mpix: communicators (0: 2)
+  int header_recvs = 0;           // ferry with FERRY_HEADER=sendrecv: pre-posted header receives per device (0: 4)
   bool iovec = false;             // ferry: follow-ups as one iovec active message
   std::size_t max_header = 0;     // bytes of header incl. piggybacked nzc (0: the transport's eager limit)
 };
@@ -84,6 +85,11 @@ class Transport {
   virtual void send(int destination, Parcel&& parcel, SentCallback on_sent) = 0;
   // Any thread, typically idle workers. True if anything progressed.
   virtual bool background_work() = 0;
+  // The layer above's worker threads report when they start (true) and finish (false) running a
+  // task, outermost task only. A transport that steals progress (FERRY_PROGRESS=steal) uses it
+  // to tell a device whose owners are all busy from one that is attended; others ignore it.
+  // Called from the worker itself; must be cheap and never block.
+  virtual void worker_busy(bool busy) noexcept { (void)busy; }
   // Collective; keeps progressing while it waits. For setup and teardown only.
   virtual void barrier() = 0;
   // Parcels sent / delivered so far by this locality (for termination detection).

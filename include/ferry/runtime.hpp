@@ -191,12 +191,17 @@ class Runtime {
   Device& device(int index = 0);
   std::string provider() const;
   std::string bootstrap() const;
+  // The value in force of one option of the table in options.hpp, by its field name
+  // ("header", "progress", "devices"...), as text: "sendrecv", "thread:2", "2". Layers above
+  // (the parcel transport) read the design-space settings this way. Throws for an unknown name.
+  std::string config_value(const std::string& name) const;
 
   // Makes `object` reachable from every rank as RemoteTarget{id}. Messages that arrive for an
   // id before it is exposed wait for it. Throws if id is taken or >= FERRY_MAX_TARGETS.
   [[nodiscard]] Exposure expose(CompletionObject& object, std::uint16_t id);
 
-  // Collective and blocking: returns when every rank has called it. Progresses every device
+  // Collective and blocking: returns when every rank has called it. Operations this rank
+  // posted before it are performed (not necessarily completed) first. Progresses every device
   // of this rank while it waits, so peers waiting on this rank's progress are served. One
   // thread per rank at a time.
   void barrier();

@@ -146,6 +146,7 @@ class Runtime::Impl final : public parcel::Upcalls {
       overflow_size_.store(overflow_.size(), std::memory_order_relaxed);
     }
     try {
+      const BusyMark busy(*this);
       (*t)();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ferry amt: locality %d: a task failed: %s\n", locality(), e.what());
@@ -159,8 +160,27 @@ class Runtime::Impl final : public parcel::Upcalls {
 
   bool help() { return run_one() || transport_->background_work(); }
 
+  // Marks this worker busy for the transport while it runs its outermost task (a task that
+  // helps inside Future::get runs nested tasks: those do not count again). Only the runtime's
+  // own workers report: a thread of the application is not a device's owner.
+  static thread_local const Impl* tls_worker_of;
+  static thread_local int tls_task_depth;
+  struct BusyMark {
+    const Impl& rt;
+    const bool mine;
+    explicit BusyMark(const Impl& r) noexcept : rt(r), mine(tls_worker_of == &r) {
+      if (mine && tls_task_depth++ == 0) rt.transport_->worker_busy(true);
+    }
+    ~BusyMark() {
+      if (mine && --tls_task_depth == 0) rt.transport_->worker_busy(false);
+    }
+    BusyMark(const BusyMark&) = delete;
+    BusyMark& operator=(const BusyMark&) = delete;
+  };
+
   void work(int index) {
     parcel::set_thread_index(index);
+    tls_worker_of = this;
     if (options_.pin) {
       cpu_set_t set;
       CPU_ZERO(&set);
@@ -386,6 +406,9 @@ class Runtime::Impl final : public parcel::Upcalls {
   std::atomic<bool> finalizing_{false}, stop_received_{false};
   bool finalized_ = false;
 };
+
+thread_local const Runtime::Impl* Runtime::Impl::tls_worker_of = nullptr;
+thread_local int Runtime::Impl::tls_task_depth = 0;
 
 Runtime::Runtime(Options options) : impl_(std::make_unique<Impl>(*this, std::move(options))) {}
 Runtime::~Runtime() {

@@ -1,10 +1,14 @@
 #include <rdma/fi_errno.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
 #include "core/config.hpp"
 #include "core/mpmc_ring.hpp"
+#include "core/queues/faa_ring.hpp"
+#include "core/queues/ms_queue.hpp"
+#include "core/queues/queue_impl.hpp"
 #include "ferry/completion.hpp"
 #include "ferry/error.hpp"
 #include "ferry/status.hpp"
@@ -50,15 +54,8 @@ std::string Completion::error_string() const {
 
 namespace detail {
 
-// The queue algorithm behind a CompletionQueue. Implementations follow MpmcRing's contract:
-// push may fail only when full, pop only when empty, neither blocks.
-class QueueImpl {
- public:
-  virtual ~QueueImpl() = default;
-  virtual bool push(Completion&& c) noexcept = 0;
-  virtual bool pop(Completion& c) noexcept = 0;
-  virtual std::size_t capacity() const noexcept = 0;
-};
+// What FERRY_COMPLETION=cq (the default) selects: the faster array queue in ferry-bench cq.
+constexpr QueueKind kCqQueueKind = QueueKind::faa;
 
 namespace {
 
@@ -73,14 +70,105 @@ class RingQueue final : public QueueImpl {
   MpmcRing<Completion> ring_;
 };
 
+class FaaQueue final : public QueueImpl {
+ public:
+  explicit FaaQueue(std::size_t capacity) : ring_(capacity) {}
+  bool push(Completion&& c) noexcept override { return ring_.try_push(std::move(c)); }
+  bool pop(Completion& c) noexcept override { return ring_.try_pop(c); }
+  std::size_t capacity() const noexcept override { return ring_.capacity(); }
+
+ private:
+  FaaRing<Completion> ring_;
+};
+
+class MsLinkedQueue final : public QueueImpl {
+ public:
+  explicit MsLinkedQueue(std::size_t capacity) : queue_(capacity) {}
+  bool push(Completion&& c) noexcept override { return queue_.try_push(std::move(c)); }
+  bool pop(Completion& c) noexcept override { return queue_.try_pop(c); }
+  std::size_t capacity() const noexcept override { return queue_.capacity(); }
+
+ private:
+  MsQueue<Completion> queue_;
+};
+
+// The locked baseline: never full (capacity() is only reported, as for the other kinds, rounded
+// up to a power of two). push can throw std::bad_alloc inside the deque; signal() is noexcept,
+// so that ends the process, as it would for the overflow list.
+class LockQueue final : public QueueImpl {
+ public:
+  explicit LockQueue(std::size_t capacity) {
+    while (capacity_ < capacity) capacity_ <<= 1;
+  }
+  bool push(Completion&& c) noexcept override {
+    std::lock_guard<std::mutex> guard(mutex_);
+    queue_.push_back(std::move(c));
+    return true;
+  }
+  bool pop(Completion& c) noexcept override {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (queue_.empty()) return false;
+    c = std::move(queue_.front());
+    queue_.pop_front();
+    return true;
+  }
+  std::size_t capacity() const noexcept override { return capacity_; }
+
+ private:
+  std::size_t capacity_ = 2;
+  std::mutex mutex_;
+  std::deque<Completion> queue_;
+};
+
 }  // namespace
+
+std::unique_ptr<QueueImpl> make_queue(QueueKind kind, std::size_t capacity) {
+  switch (kind) {
+    case QueueKind::ring: return std::make_unique<RingQueue>(capacity);
+    case QueueKind::faa: return std::make_unique<FaaQueue>(capacity);
+    case QueueKind::ms: return std::make_unique<MsLinkedQueue>(capacity);
+    case QueueKind::lock: return std::make_unique<LockQueue>(capacity);
+    case QueueKind::default_kind: break;
+  }
+  return nullptr;
+}
+
+const char* queue_kind_name(QueueKind kind) noexcept {
+  switch (kind) {
+    case QueueKind::ring: return "ring";
+    case QueueKind::faa: return "faa";
+    case QueueKind::ms: return "ms";
+    case QueueKind::lock: return "lock";
+    case QueueKind::default_kind: return "default";
+  }
+  return "?";
+}
+
+// cq maps to the faster of the two array queues in ferry-bench cq (see the report with this
+// change: faa and ring measured at 1..8 threads). Read like FERRY_CQ_CAPACITY, at every queue
+// creation, so a test or benchmark can change it between queues.
+QueueKind default_queue_kind() {
+  const char* e = std::getenv("FERRY_COMPLETION");
+  const std::string v = (e != nullptr && *e != '\0') ? e : "cq";
+  if (v == "cq" || v == "sync") return kCqQueueKind;
+  if (v == "cq_ms") return QueueKind::ms;
+  if (v == "cq_lock") return QueueKind::lock;
+  throw Error("FERRY_COMPLETION='" + v + "' is not valid; valid values: cq, cq_ms, cq_lock, sync");
+}
+
 }  // namespace detail
+
+const char* to_string(QueueKind kind) noexcept { return detail::queue_kind_name(kind); }
+
+QueueKind default_queue_kind() { return detail::default_queue_kind(); }
 
 CompletionQueue::CompletionQueue(CompletionQueueOptions options) {
   const std::size_t cap = options.capacity != 0 ? options.capacity : detail::default_cq_capacity();
-  switch (options.kind) {
-    case QueueKind::ring: impl_ = std::make_unique<detail::RingQueue>(cap); break;
+  if (cap > (std::size_t{1} << 28)) {
+    throw Error("CompletionQueueOptions::capacity=" + std::to_string(cap) + " is out of range: at most 268435456");
   }
+  const QueueKind kind = options.kind == QueueKind::default_kind ? detail::default_queue_kind() : options.kind;
+  impl_ = detail::make_queue(kind, cap);
   if (!impl_) throw Error("CompletionQueueOptions::kind=" + std::to_string(static_cast<int>(options.kind)) + " is unknown");
 }
 

@@ -49,8 +49,12 @@ void signal_local(CompletionObject* local, Completion&& c) noexcept {
 
 // ---- operation records of the large-message paths -------------------------------------
 
-// The sender's side of a rendezvous: lives until the receiver's FIN.
+// The sender's side of a rendezvous: lives until the receiver's FIN. Its fields are written
+// before the RTS leaves and read when the FIN comes back, possibly on another thread; the peer
+// orders the two, invisibly to tools, so `ready` carries the handoff (release before the RTS,
+// acquire on the FIN).
 struct SendOp {
+  std::atomic<bool> ready{false};
   OpKind op;
   int rank;
   Tag tag;
@@ -130,9 +134,12 @@ DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, net::Fabric& fabric, con
   // The packet slab is registered once; the descriptor matters only under FI_MR_LOCAL.
   pool_mr_ = endpoint_.register_memory(pool_->slab(), pool_->slab_bytes(), FI_SEND | FI_RECV);
   pool_desc_ = caps_.mr_local ? fi_mr_desc(pool_mr_) : nullptr;
+  const LockModel model = parse_lock_model(config.lock_model);
+  if (model != LockModel::lockless) safety_ = std::make_unique<ThreadSafety>(*this, model);
 }
 
 DeviceImpl::~DeviceImpl() {
+  safety_.reset();  // an offload thread must be gone before the endpoint
   // Cancel what the provider still holds, then give the packets back so the pool can go.
   fi_cancel(&endpoint_.ep()->fid, nullptr);
   matching_.drain([](Packet* p) { p->pool->put_shared(p); });
@@ -148,6 +155,10 @@ void DeviceImpl::connect(const std::vector<std::string>& addresses) {
 }
 
 // ---- checks -----------------------------------------------------------------------------
+
+namespace {
+void check_remote(const char* call, int rank, int device, const RemoteKey& key, std::size_t offset, std::size_t size);
+}  // namespace
 
 // The checks are inline compares; only the throwing halves are out of line (and cold), so
 // the fast path pays a few predictable branches.
@@ -189,6 +200,59 @@ void DeviceImpl::check_alive(const char* call) const {
 
 void DeviceImpl::check_rank(const char* call, int rank) const {
   if (__builtin_expect(rank < 0 || rank >= runtime_.size(), 0)) throw_rank(call, rank, runtime_.size());
+}
+
+void DeviceImpl::validate(const OpDesc::Args& args) {
+  std::visit(
+      [this](const auto& a) {
+        using A = std::decay_t<decltype(a)>;
+        if constexpr (std::is_same_v<A, AmArgs>) {
+          check_alive("post_am");
+          check_rank("post_am", a.rank);
+          check_buffer("post_am", "buffer", a.buffer, a.size);
+          check_tag("post_am", a.tag);
+          check_target("post_am", a.target.id);
+        } else if constexpr (std::is_same_v<A, AmIovecArgs>) {
+          check_alive("post_am_iovec");
+          check_rank("post_am_iovec", a.rank);
+          check_buffer("post_am_iovec", "eager.buffer", a.eager.buffer, a.eager.size);
+          check_tag("post_am_iovec", a.tag);
+          check_target("post_am_iovec", a.target.id);
+          for (std::size_t i = 0; i < a.parts.size(); ++i) {
+            check_buffer("post_am_iovec", ("parts[" + str(i) + "].buffer").c_str(), a.parts[i].buffer, a.parts[i].size);
+          }
+          check_iovec_fits(a);
+        } else if constexpr (std::is_same_v<A, SendArgs>) {
+          check_alive("post_send");
+          check_rank("post_send", a.rank);
+          check_buffer("post_send", "buffer", a.buffer, a.size);
+          check_tag("post_send", a.tag);
+        } else if constexpr (std::is_same_v<A, RecvArgs>) {
+          check_alive("post_recv");
+          if (a.rank != any_source) check_rank("post_recv", a.rank);
+          check_buffer("post_recv", "buffer", a.buffer, a.size);
+          if (a.tag != any_tag) check_tag("post_recv", a.tag);
+        } else if constexpr (std::is_same_v<A, PutArgs>) {
+          check_alive("post_put");
+          check_rank("post_put", a.rank);
+          check_buffer("post_put", "buffer", a.buffer, a.size);
+          check_remote("post_put", a.rank, index_, a.remote, a.offset, a.size);
+          (void)notify_data(a);
+        } else if constexpr (std::is_same_v<A, GetArgs>) {
+          check_alive("post_get");
+          check_rank("post_get", a.rank);
+          check_buffer("post_get", "buffer", a.buffer, a.size);
+          check_remote("post_get", a.rank, index_, a.remote, a.offset, a.size);
+        }
+      },
+      args);
+}
+
+void DeviceImpl::check_target(const char* call, std::uint16_t id) const {
+  if (__builtin_expect(id >= runtime_.max_targets(), 0)) {
+    throw Error(std::string(call) + ": target=" + std::to_string(id) + " is out of range; FERRY_MAX_TARGETS=" +
+                str(runtime_.max_targets()));
+  }
 }
 
 // ---- credits and the deferred list ---------------------------------------------------
@@ -244,8 +308,8 @@ Status DeviceImpl::send_packet(Packet* p, int rank, std::size_t length) {
     pool_->put(p);
     return Status::make_retry(RetryReason::send_queue);
   }
-  p->ctx.set_kind(CtxKind::send_packet);
   p->rank = rank;  // for the error report, should the send fail later
+  p->ctx.set_kind(CtxKind::send_packet);  // release: after every field the completion reads
   const ssize_t rc = fi_send(ep, p->data(), length, pool_desc_, static_cast<fi_addr_t>(rank), &p->ctx.fi);
   if (rc == 0) return Status::make_done();
   return_credit();
@@ -333,7 +397,13 @@ Status DeviceImpl::post_rendezvous(OpKind op, int rank, Tag tag, std::uint16_t t
                                    std::size_t size, CompletionObject* local, void* context) {
   Packet* p = pool_->get();
   if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
-  auto* send = new SendOp{op, rank, tag, size, local, context, {}};
+  auto* send = new SendOp{};
+  send->op = op;
+  send->rank = rank;
+  send->tag = tag;
+  send->size = size;
+  send->local = local;
+  send->context = context;
   try {
     send->mrs.push_back(endpoint_.register_memory(buffer, size, FI_REMOTE_READ | FI_SEND));
   } catch (...) {
@@ -347,6 +417,7 @@ Status DeviceImpl::post_rendezvous(OpKind op, int rank, Tag tag, std::uint16_t t
          RtsBody{size, caps_.mr_virt_addr ? reinterpret_cast<std::uint64_t>(buffer) : 0, fi_mr_key(mr),
                  reinterpret_cast<std::uint64_t>(send)});
   open_ops_.fetch_add(1, std::memory_order_relaxed);
+  send->ready.store(true, std::memory_order_release);
   const Status s = send_packet(p, rank, kHeader + sizeof(RtsBody));
   if (s.is_retry()) {
     open_ops_.fetch_sub(1, std::memory_order_relaxed);
@@ -372,15 +443,17 @@ Status DeviceImpl::post_am_iovec(const AmIovecArgs& a) {
     if (total + a.parts[i].size < total) throw Error("post_am_iovec: the parts' sizes overflow");
     total += a.parts[i].size;
   }
+  check_iovec_fits(a);
   const std::size_t need = kHeader + sizeof(RtsBody) + a.eager.size + a.parts.size() * sizeof(RtsPart);
-  if (need > config_.packet_size) {
-    throw Error("post_am_iovec: eager.size=" + str(a.eager.size) + " with " + str(a.parts.size()) +
-                " parts needs " + str(need) + " bytes; a packet holds " + str(config_.packet_size) +
-                " (FERRY_PACKET_SIZE)");
-  }
   Packet* p = pool_->get();
   if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
-  auto* send = new SendOp{OpKind::am, a.rank, a.tag, a.eager.size + total, a.local, a.context, {}};
+  auto* send = new SendOp{};
+  send->op = OpKind::am;
+  send->rank = a.rank;
+  send->tag = a.tag;
+  send->size = a.eager.size + total;
+  send->local = a.local;
+  send->context = a.context;
   unsigned char* at = p->data() + kHeader + sizeof(RtsBody);
   if (a.eager.size != 0) std::memcpy(at, a.eager.buffer, a.eager.size);
   at += a.eager.size;
@@ -403,6 +476,7 @@ Status DeviceImpl::post_am_iovec(const AmIovecArgs& a) {
   fill_header(p, MsgKind::rts_iovec, a.target.id, runtime_.rank(), a.tag, static_cast<std::uint32_t>(a.parts.size()));
   encode(p->data() + kHeader, RtsBody{a.eager.size, 0, 0, reinterpret_cast<std::uint64_t>(send)});
   open_ops_.fetch_add(1, std::memory_order_relaxed);
+  send->ready.store(true, std::memory_order_release);
   const Status s = send_packet(p, a.rank, need);
   if (s.is_retry()) {
     open_ops_.fetch_sub(1, std::memory_order_relaxed);
@@ -695,6 +769,7 @@ void DeviceImpl::on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src
       const auto fin = decode<FinBody>(p->data() + kHeader);
       pool_->put(p);
       auto* send = reinterpret_cast<SendOp*>(fin.send_op);
+      (void)send->ready.load(std::memory_order_acquire);
       for (fid_mr* mr : send->mrs) net::close_mr(mr);
       Completion c;
       c.op = send->op;
@@ -832,13 +907,13 @@ static Status post_rma(DeviceImpl& dev, const RmaRequest& r) {
       dev.pool().put(p);
       return Status::make_retry(RetryReason::send_queue);
     }
-    p->ctx.set_kind(CtxKind::rma_single);
     p->op = r.op;
     p->rank = r.rank;
     p->size = r.size;
     p->local = r.local_comp;
     p->context = r.context;
     p->mr = mr;
+    p->ctx.set_kind(CtxKind::rma_single);  // release: after every field the completion reads
     void* desc = mr != nullptr ? fi_mr_desc(mr) : nullptr;
     ssize_t rc;
     if (r.op == OpKind::get) {
@@ -880,25 +955,38 @@ static Status post_rma(DeviceImpl& dev, const RmaRequest& r) {
   return Status::make_posted();
 }
 
+// Checks a put's notification and returns its remote CQ data (0 without notification).
+std::uint64_t DeviceImpl::notify_data(const PutArgs& a) const {
+  if (!a.notify) return 0;
+  if (a.notify_target.id >= runtime_.max_targets()) {
+    throw Error("post_put: notify_target=" + std::to_string(a.notify_target.id) + " is out of range; FERRY_MAX_TARGETS=" +
+                str(runtime_.max_targets()));
+  }
+  if (a.notify_tag > 0xFFFF) throw Error("post_put: notify_tag=" + std::to_string(a.notify_tag) + " is out of range 0..65535");
+  if (caps_.cq_data_size < 4) {
+    throw Error("post_put: notify needs 4 bytes of remote CQ data; provider " + caps_.provider + " offers " +
+                str(caps_.cq_data_size));
+  }
+  std::uint64_t data = (static_cast<std::uint64_t>(a.notify_target.id) << 16) | a.notify_tag;
+  if (!caps_.source) data |= static_cast<std::uint64_t>(runtime_.rank()) << 32;
+  return data;
+}
+
+// Checks that an iovec message's descriptor fits one packet.
+void DeviceImpl::check_iovec_fits(const AmIovecArgs& a) const {
+  const std::size_t need = kHeader + sizeof(RtsBody) + a.eager.size + a.parts.size() * sizeof(RtsPart);
+  if (need > config_.packet_size) {
+    throw Error("post_am_iovec: eager.size=" + str(a.eager.size) + " with " + str(a.parts.size()) + " parts needs " +
+                str(need) + " bytes; a packet holds " + str(config_.packet_size) + " (FERRY_PACKET_SIZE)");
+  }
+}
+
 Status DeviceImpl::post_put(const PutArgs& a) {
   check_alive("post_put");
   check_rank("post_put", a.rank);
   check_buffer("post_put", "buffer", a.buffer, a.size);
   check_remote("post_put", a.rank, index_, a.remote, a.offset, a.size);
-  std::uint64_t data = 0;
-  if (a.notify) {
-    if (a.notify_target.id >= runtime_.max_targets()) {
-      throw Error("post_put: notify_target=" + std::to_string(a.notify_target.id) +
-                  " is out of range; FERRY_MAX_TARGETS=" + str(runtime_.max_targets()));
-    }
-    if (a.notify_tag > 0xFFFF) throw Error("post_put: notify_tag=" + std::to_string(a.notify_tag) + " is out of range 0..65535");
-    if (caps_.cq_data_size < 4) {
-      throw Error("post_put: notify needs 4 bytes of remote CQ data; provider " + caps_.provider + " offers " +
-                  str(caps_.cq_data_size));
-    }
-    data = (static_cast<std::uint64_t>(a.notify_target.id) << 16) | a.notify_tag;
-    if (!caps_.source) data |= static_cast<std::uint64_t>(runtime_.rank()) << 32;
-  }
+  const std::uint64_t data = notify_data(a);
   return post_rma(*this, RmaRequest{OpKind::put, a.rank, static_cast<unsigned char*>(const_cast<void*>(a.buffer)), a.size,
                                     a.remote, a.offset, a.local, a.context, a.notify, data});
 }
@@ -1086,11 +1174,13 @@ bool DeviceImpl::progress() {
 std::size_t DeviceImpl::drain(double seconds) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   auto busy = [this] {
-    return open_ops_.load(std::memory_order_relaxed) +
+    return (safety_ ? safety_->queued() : 0) + open_ops_.load(std::memory_order_relaxed) +
            (credits_max_ - static_cast<std::size_t>(credits_.load(std::memory_order_relaxed))) +
            deferred_count_.load(std::memory_order_relaxed);
   };
-  while (busy() != 0 && std::chrono::steady_clock::now() < deadline) progress();
+  while (busy() != 0 && std::chrono::steady_clock::now() < deadline) {
+    if (safety_ != nullptr) safety_->progress(); else progress();
+  }
   return busy();
 }
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/lock_model.hpp"
 #include "core/matching.hpp"
 #include "core/packet_pool.hpp"
 #include "core/spinlock.hpp"
@@ -68,6 +69,12 @@ class DeviceImpl {
   bool progress();
   MemoryRegion register_memory(void* data, std::size_t size);
 
+  // The lock model (FERRY_LOCK_MODEL): null for lockless, whose calls go straight here.
+  ThreadSafety* safety() noexcept { return safety_.get(); }
+  // The argument checks of each post, without performing it (lockq/csync/offload check
+  // before they defer). Throws ferry::Error like the post would.
+  void validate(const OpDesc::Args& args);
+
   int index() const noexcept { return index_; }
   std::size_t eager_limit() const noexcept { return eager_limit_; }
   std::size_t iovec_eager_limit(std::size_t parts) const noexcept;
@@ -96,6 +103,9 @@ class DeviceImpl {
  private:
   void check_alive(const char* call) const;
   void check_rank(const char* call, int rank) const;
+  void check_target(const char* call, std::uint16_t id) const;
+  std::uint64_t notify_data(const PutArgs& a) const;
+  void check_iovec_fits(const AmIovecArgs& a) const;
   Status inject_small(MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer, std::size_t size);
   Status post_rendezvous(OpKind op, int rank, Tag tag, std::uint16_t target, const void* buffer,
                          std::size_t size, CompletionObject* local, void* context);
@@ -141,6 +151,8 @@ class DeviceImpl {
   std::mutex deferred_mutex_;  // large-message path only; progress takes it with try_lock
   std::vector<std::function<bool()>> deferred_;
   std::atomic<std::size_t> deferred_count_{0};
+  // Last: destroyed first, so an offload thread stops before the endpoint closes.
+  std::unique_ptr<ThreadSafety> safety_;
 };
 
 }  // namespace ferry::detail

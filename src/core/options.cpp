@@ -150,11 +150,10 @@ Config resolve_config(const RuntimeOptions& o) {
     }
     throw Error(std::string(env) + "='" + v + "' is not implemented in this build yet");
   };
-  not_yet("FERRY_LOCK_MODEL", c.lock_model, {"lockless"});
-  not_yet("FERRY_COMPLETION", c.completion, {"cq"});
-  not_yet("FERRY_HEADER", c.header, {"am"});
-  not_yet("FERRY_PROGRESS", c.progress_threads != 0 ? "thread" : c.progress, {"explicit"});
-  not_yet("FERRY_DEVICE_POLLING", c.device_polling, {"local"});
+  not_yet("FERRY_COMPLETION", c.completion, {"cq", "cq_ms", "cq_lock", "sync"});
+  not_yet("FERRY_HEADER", c.header, {"am", "sendrecv"});
+  not_yet("FERRY_PROGRESS", c.progress_threads != 0 ? "thread" : c.progress, {"explicit", "implicit", "thread", "steal"});
+  not_yet("FERRY_DEVICE_POLLING", c.device_polling, {"local", "random", "global"});
   require_range("FERRY_DEVICES", static_cast<std::size_t>(c.devices), 1, 64);
   require_range("FERRY_PACKET_SIZE", c.packet_size, 64, 1u << 30);
   require_range("FERRY_PACKETS", c.packets, 2, 1u << 24);

@@ -54,6 +54,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : config_(resolve_config
   }
   // Every rank has its receives posted before anyone sends.
   boot_->barrier();
+  progress_threads_ = start_progress_threads(config_, handles_);
 }
 
 void RuntimeImpl::barrier_arrived(std::uint32_t step) noexcept {
@@ -61,6 +62,13 @@ void RuntimeImpl::barrier_arrived(std::uint32_t step) noexcept {
 }
 
 void RuntimeImpl::barrier() {
+  // Operations this rank posted before the barrier are performed before it: a deferring lock
+  // model (lockq, offload) may still hold some in its queue.
+  for (auto& d : devices_) {
+    if (ThreadSafety* t = d->safety()) {
+      while (t->queued() != 0) t->progress();
+    }
+  }
   const std::uint32_t parity = barrier_epoch_++ & 1;
   DeviceImpl& dev = *devices_[0];
   int round = 0;
@@ -79,6 +87,7 @@ void RuntimeImpl::barrier() {
 }
 
 void RuntimeImpl::finalize() {
+  progress_threads_.reset();  // FERRY_PROGRESS=thread:N: from here finalize progresses alone
   if (finalized_.load()) return;
   // Everyone's operations complete while everyone still progresses; then the barrier.
   for (auto& d : devices_) {
@@ -211,13 +220,36 @@ Exposure::~Exposure() {
   if (rt_ != nullptr) rt_->unexpose(id_);
 }
 
-Status Device::post_am(const AmArgs& a) { return impl_->post_am(a); }
-Status Device::post_am_iovec(const AmIovecArgs& a) { return impl_->post_am_iovec(a); }
-Status Device::post_send(const SendArgs& a) { return impl_->post_send(a); }
-Status Device::post_recv(const RecvArgs& a) { return impl_->post_recv(a); }
-Status Device::post_put(const PutArgs& a) { return impl_->post_put(a); }
-Status Device::post_get(const GetArgs& a) { return impl_->post_get(a); }
-bool Device::progress() { return impl_->progress(); }
+// Lockless devices call straight through (one predictable branch); the other lock models go
+// through the device's ThreadSafety policy.
+Status Device::post_am(const AmArgs& a) {
+  if (detail::ThreadSafety* t = impl_->safety()) return t->post(a);
+  return impl_->post_am(a);
+}
+Status Device::post_am_iovec(const AmIovecArgs& a) {
+  if (detail::ThreadSafety* t = impl_->safety()) return t->post(a);
+  return impl_->post_am_iovec(a);
+}
+Status Device::post_send(const SendArgs& a) {
+  if (detail::ThreadSafety* t = impl_->safety()) return t->post(a);
+  return impl_->post_send(a);
+}
+Status Device::post_recv(const RecvArgs& a) {
+  if (detail::ThreadSafety* t = impl_->safety()) return t->post(a);
+  return impl_->post_recv(a);
+}
+Status Device::post_put(const PutArgs& a) {
+  if (detail::ThreadSafety* t = impl_->safety()) return t->post(a);
+  return impl_->post_put(a);
+}
+Status Device::post_get(const GetArgs& a) {
+  if (detail::ThreadSafety* t = impl_->safety()) return t->post(a);
+  return impl_->post_get(a);
+}
+bool Device::progress() {
+  if (detail::ThreadSafety* t = impl_->safety()) return t->progress();
+  return impl_->progress();
+}
 MemoryRegion Device::register_memory(void* data, std::size_t size) { return impl_->register_memory(data, size); }
 int Device::index() const noexcept { return impl_->index(); }
 std::size_t Device::eager_limit() const noexcept { return impl_->eager_limit(); }

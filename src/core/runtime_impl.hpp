@@ -18,6 +18,7 @@
 #include "bootstrap/bootstrap.hpp"
 #include "core/config.hpp"
 #include "core/device.hpp"
+#include "core/progress.hpp"
 #include "ferry/runtime.hpp"
 #include "net/fabric.hpp"
 
@@ -60,6 +61,7 @@ class RuntimeImpl {
   std::mutex park_mutex_;
   std::vector<std::pair<std::uint16_t, Completion>> parked_;
   std::atomic<bool> finalized_{false};
+  std::unique_ptr<ProgressThreads> progress_threads_;  // FERRY_PROGRESS=thread:N; stopped first in finalize()
   // Barrier steps received, by epoch parity and round. Ranks can be at most one epoch apart
   // (nobody finishes epoch e+1 before everyone finished e), so parity tells epochs apart.
   // Relaxed increments: a step carries no data, the count is all that is read.

@@ -1,5 +1,6 @@
-// The ferry parcelport: header by active message into a completion queue, follow-ups by tagged
-// send/recv (or one iovec active message), all completions through the same queue.
+// The ferry parcelport: header by active message (or by send/recv), follow-ups by tagged
+// send/recv (or one iovec active message), completions through one completion queue (or a pool
+// of synchronizers).
 //
 // Paths
 //  - small parcel (no zero-copy chunk, nzc fits in the header): send() is one post_am; on the
@@ -9,7 +10,27 @@
 //    posted all at once on the parcel's tag — ferry's matching is non-overtaking per (source,
 //    tag), so they are received in order — and completions arrive through the same queue.
 //  - back-pressure: a post that returns retry goes onto a deferred list (mutex, slow path)
-//    that background_work drains with try_lock; send() never blocks.
+//    that background_work drains, one thread at a time; send() never blocks.
+//
+// The design space (runtime settings of the core Runtime, read back with config_value; paper
+// 000 §5, 001 §5.2, 004 §IV):
+//  - FERRY_HEADER=sendrecv: headers are post_send on kHeaderTag; each device keeps K
+//    (TransportOptions::header_recvs, default 4) post_recv(any_source, kHeaderTag) posted,
+//    each into its own buffer, re-posted as soon as the header is copied out. K > 1 lets
+//    several threads process headers of one device at once (paper 000 blames the single
+//    pre-posted MPI_Irecv for serializing them); 4 covers the workers per device we run with
+//    and costs 4 packets of receive buffer per device. The copy (one malloc of the header
+//    size) is the price of owning the buffer: the upcall may keep the nzc.
+//  - FERRY_COMPLETION=sync: every operation the parcelport posts completes into a Synchronizer
+//    from a pool that background_work polls a window at a time (the HPX MPI parcelport's request
+//    pool) — follow-ups always, header receives too with header=sendrecv; with header=am the
+//    headers still arrive through the completion queue (paper 000 Fig 7 "sync").
+//  - FERRY_PROGRESS: explicit (background_work progresses the devices the polling policy
+//    picks), implicit (only when it found no completion to handle), thread:N (the core's
+//    progress threads do it; background_work never progresses), steal (Daps: own device, else
+//    a busy owner's device likely to have work; progress_policy.hpp).
+//  - FERRY_DEVICE_POLLING (explicit and implicit): local (own device), random (one uniformly
+//    random device per call), global (every device per call).
 #include "parcel/ferry_parcelport.hpp"
 
 #include <algorithm>
@@ -20,14 +41,25 @@
 #include <mutex>
 #include <string>
 
+#include "core/mpmc_ring.hpp"
 #include "ferry/error.hpp"
 #include "ferry/ferry.hpp"
+#include "parcel/progress_policy.hpp"
 
 namespace ferry::parcel::detail {
 
 namespace {
 
 constexpr std::uint16_t kHeaderTarget = 1;
+// header=sendrecv: the tag of every header. next_tag never hands it out to follow-ups.
+constexpr ferry::Tag kHeaderTag = ferry::max_tag;
+constexpr int kDefaultHeaderRecvs = 4;
+// completion=sync: synchronizers in the pool, and how many of them one background_work tests.
+constexpr std::uint32_t kSyncSlots = 4096;
+constexpr std::uint32_t kSyncWindow = 32;
+
+enum class Progress : std::uint8_t { explicit_, implicit, thread, steal };
+enum class Polling : std::uint8_t { local, random, global };
 
 // What travels in front of every header: then zc_count sizes (u64), then the nzc if piggybacked.
 struct WireHeader {
@@ -42,9 +74,97 @@ static_assert(sizeof(WireHeader) == 16);
 
 void release_malloc(void*, void* data) noexcept { std::free(data); }
 
-// Per-parcel state, the context of every follow-up completion of that parcel.
+// One synchronizer that completes one operation, claimed by exactly one poller.
+//
+// Contract: `ticket` is odd while an operation that names `sync` is (about to be) under way.
+// The thread that owns the slot (it took it from the pool, or it claimed it last) arms it —
+// even -> odd — before posting, and disarms it — odd -> even — if the post left nothing under
+// way (done or retry: no signal will come). Any thread may claim(): it needs an odd ticket and
+// test() == true, and wins the slot with one CAS odd -> even; the winner owns the slot again.
+// The ticket only grows, so a poller that read a ticket before the slot was claimed, reset and
+// re-armed fails its CAS (an ABA needs 2^31 reuses in between).
+// Orders: test() is acquire and pairs with signal()'s release, so the winner reads the
+// Completion the signaller wrote; the CAS is acq_rel so two claimers are totally ordered on
+// the ticket. arm() is a release store (the post that follows publishes nothing through it;
+// it only keeps the arming ordered before anything the owner does next).
+struct alignas(64) SyncSlot {
+  Synchronizer sync{1};
+  std::atomic<std::uint32_t> ticket{0};
+
+  void arm() noexcept { ticket.store(ticket.load(std::memory_order_relaxed) + 1, std::memory_order_release); }
+  void disarm() noexcept { ticket.store(ticket.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
+  bool claim(Completion& out) noexcept {
+    std::uint32_t t = ticket.load(std::memory_order_acquire);
+    if ((t & 1) == 0 || !sync.test()) return false;
+    if (!ticket.compare_exchange_strong(t, t + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) return false;
+    out = std::move(sync.results()[0]);
+    sync.reset();
+    return true;
+  }
+};
+
+// The synchronizer pool of completion=sync.
+//
+// Contract: acquire() hands a free slot to one thread (the free-index ring's release/acquire
+// orders the previous owner's reset before the new owner's use); release() returns a slot
+// its owner holds. poll() claims signalled slots in a window of kSyncWindow slots that rotates
+// over [0, high water mark) — the request-pool scan: a completion waits until the window
+// passes it. hwm_ and cursor_ are relaxed: they only choose which slots to test; a slot
+// acquired past a stale hwm_ is tested on a later call.
+class SyncPool {
+ public:
+  SyncPool() : slots_(new SyncSlot[kSyncSlots]), free_(kSyncSlots) {
+    for (std::uint32_t i = 0; i < kSyncSlots; ++i) (void)free_.try_push(i);
+  }
+  SyncSlot* acquire() noexcept {
+    std::uint32_t i = 0;
+    if (!free_.try_pop(i)) return nullptr;
+    std::uint32_t h = hwm_.load(std::memory_order_relaxed);
+    while (h < i + 1 && !hwm_.compare_exchange_weak(h, i + 1, std::memory_order_relaxed)) {
+    }
+    return &slots_[i];
+  }
+  void release(SyncSlot* s) noexcept {
+    const auto i = static_cast<std::uint32_t>(s - slots_.get());
+    (void)free_.try_push(i);  // never full: only taken indices come back
+  }
+  template <class F>
+  bool poll(F&& on_completion) {
+    const std::uint32_t h = hwm_.load(std::memory_order_relaxed);
+    if (h == 0) return false;
+    const std::uint32_t n = std::min(h, kSyncWindow);
+    const std::uint32_t start = cursor_.fetch_add(n, std::memory_order_relaxed) % h;
+    bool any = false;
+    for (std::uint32_t k = 0; k < n; ++k) {
+      SyncSlot& s = slots_[(start + k) % h];
+      Completion c;
+      if (!s.claim(c)) continue;
+      release(&s);
+      any = true;
+      on_completion(std::move(c));
+    }
+    return any;
+  }
+
+ private:
+  std::unique_ptr<SyncSlot[]> slots_;
+  ferry::detail::MpmcRing<std::uint32_t> free_;
+  std::atomic<std::uint32_t> hwm_{0};
+  std::atomic<std::uint32_t> cursor_{0};
+};
+
+// Per-parcel state, the context of every follow-up completion of that parcel; or a header
+// receive slot (header=sendrecv).
+enum class StateKind : std::uint8_t { send, recv, header };
 struct State {
-  bool is_send;
+  StateKind kind;
+};
+
+// One pre-posted header receive: its buffer, its device, and (completion=sync) its synchronizer.
+struct HeaderSlot : State {
+  int device = 0;
+  std::vector<std::byte> buffer;
+  SyncSlot slot;
 };
 
 struct SendState : State {
@@ -69,6 +189,19 @@ class FerryTransport final : public Transport {
         rt_(RuntimeOptions{.devices = options.devices}),
         iovec_(options.iovec),
         tags_(static_cast<std::size_t>(rt_.device_count())) {
+    const std::string progress = rt_.config_value("progress");
+    progress_ = progress == "implicit"                ? Progress::implicit
+                : progress == "steal"                 ? Progress::steal
+                : progress.rfind("thread:", 0) == 0   ? Progress::thread
+                                                      : Progress::explicit_;
+    const std::string polling = rt_.config_value("device_polling");
+    polling_ = polling == "random" ? Polling::random : polling == "global" ? Polling::global : Polling::local;
+    sendrecv_ = rt_.config_value("header") == "sendrecv";
+    sync_ = rt_.config_value("completion") == "sync";
+    for (int d = 0; d < rt_.device_count(); ++d) devs_.push_back(&rt_.device(d));
+    if (progress_ == Progress::steal) policy_ = std::make_unique<StealPolicy>(rt_.device_count());
+    if (sync_) pool_ = std::make_unique<SyncPool>();
+
     exposure_ = rt_.expose(cq_, kHeaderTarget);
     max_header_ = rt_.device(0).eager_limit();
     if (options.max_header != 0 && options.max_header < max_header_) max_header_ = options.max_header;
@@ -76,6 +209,24 @@ class FerryTransport final : public Transport {
       throw Error("TransportOptions::max_header=" + std::to_string(options.max_header) + " is too small");
     }
     for (auto& t : tags_) t.store(1, std::memory_order_relaxed);
+    if (sendrecv_) {
+      if (options.header_recvs < 0 || options.header_recvs > 1024) {
+        throw Error("TransportOptions::header_recvs=" + std::to_string(options.header_recvs) + " is out of range: 0 (default " +
+                    std::to_string(kDefaultHeaderRecvs) + ") to 1024");
+      }
+      const int k = options.header_recvs != 0 ? options.header_recvs : kDefaultHeaderRecvs;
+      for (int d = 0; d < rt_.device_count(); ++d) {
+        for (int i = 0; i < k; ++i) {
+          auto hs = std::make_unique<HeaderSlot>();
+          hs->kind = StateKind::header;
+          hs->device = d;
+          // The whole eager limit: a peer with a larger max_header still fits.
+          hs->buffer.resize(rt_.device(d).eager_limit());
+          header_slots_.push_back(std::move(hs));
+        }
+      }
+      for (auto& hs : header_slots_) repost_header(hs.get());
+    }
     rt_.barrier();  // every locality listens before anyone sends
   }
 
@@ -93,7 +244,7 @@ class FerryTransport final : public Transport {
                   std::to_string(size()) + " localities");
     }
     const int dev_index = thread_index() % rt_.device_count();
-    Device& dev = rt_.device(dev_index);
+    Device& dev = *devs_[static_cast<std::size_t>(dev_index)];
     const std::size_t table = sizeof(WireHeader) + parcel.zc.size() * sizeof(std::uint64_t);
     if (table > max_header_ || parcel.zc.size() > 0xFFFF) {
       throw Error("parcel send: " + std::to_string(parcel.zc.size()) + " zero-copy chunks need a " +
@@ -138,7 +289,7 @@ class FerryTransport final : public Transport {
       return;
     }
     auto* st = new SendState{};
-    st->is_send = true;
+    st->kind = StateKind::send;
     st->on_sent = std::move(on_sent);
     if (iovec_) {
       // One call: header as the eager part, then the nzc (if not piggybacked) and every zc chunk.
@@ -148,13 +299,15 @@ class FerryTransport final : public Transport {
       if (!piggyback) args.parts.push_back({parcel.nzc.data, parcel.nzc.size});
       for (const Chunk& c : parcel.zc) args.parts.push_back({c.data, c.size});
       args.target = {kHeaderTarget};
-      args.local = &cq_;
       args.context = static_cast<State*>(st);
       st->remaining.store(1, std::memory_order_relaxed);
       // The header bytes live in `scratch`: a deferred post needs its own copy.
-      post_deferrable(dev, [this, &dev, args, copy = std::vector<std::byte>(scratch.data(), scratch.data() + header_size)]() mutable {
+      post_deferrable(dev_index, [this, &dev, dev_index, args, copy = std::vector<std::byte>(scratch.data(), scratch.data() + header_size)]() mutable {
         args.eager = {copy.data(), copy.size()};
-        return dev.post_am_iovec(args);
+        return post_op(dev_index, [&](CompletionObject* local) {
+          args.local = local;
+          return dev.post_am_iovec(args);
+        });
       }, st);
       return;
     }
@@ -165,58 +318,221 @@ class FerryTransport final : public Transport {
     st->remaining.store(chunks.size(), std::memory_order_relaxed);
     post_header(dev, dest, scratch.data(), header_size);
     const ferry::Tag tag = h.tag;
-    post_in_order(dev, std::move(chunks), st, [this, &dev, dest, tag, st](const Chunk& c) {
-      return dev.post_send({.rank = dest, .buffer = c.data, .size = c.size, .tag = tag, .local = &cq_,
-                            .context = static_cast<State*>(st)});
+    post_in_order(dev_index, std::move(chunks), st, [this, &dev, dev_index, dest, tag, st](const Chunk& c) {
+      return post_op(dev_index, [&](CompletionObject* local) {
+        return dev.post_send({.rank = dest, .buffer = c.data, .size = c.size, .tag = tag, .local = local,
+                              .context = static_cast<State*>(st)});
+      });
     });
   }
 
   bool background_work() override {
-    const int n = rt_.device_count();
-    const int mine = thread_index() % n;
-    bool any = rt_.device(mine).progress();
-    if (n > 1 && !any) {
-      // Keep the other devices moving too: a worker-to-device map can leave one unpolled.
-      const int other = (mine + 1 + static_cast<int>(rr_.fetch_add(1, std::memory_order_relaxed) % (n - 1))) % n;
-      any = rt_.device(other).progress();
-    }
-    any |= run_deferred();
-    for (int i = 0; i < 8; ++i) {
-      auto c = cq_.pop();
-      if (!c) break;
-      any = true;
-      handle(std::move(*c));
+    bool any = false;
+    switch (progress_) {
+      case Progress::explicit_:
+        any = poll_devices();
+        any |= run_deferred();
+        any |= drain_completions();
+        break;
+      case Progress::implicit:
+        // MPI's way: the progress engine runs only when testing found nothing to do.
+        any = run_deferred();
+        any |= drain_completions();
+        if (!any) {
+          any = poll_devices();
+          any |= drain_completions();
+        }
+        break;
+      case Progress::thread:  // the core's progress threads progress; the workers only consume
+        any = run_deferred();
+        any |= drain_completions();
+        break;
+      case Progress::steal:
+        any = steal();
+        any |= run_deferred();
+        any |= drain_completions();
+        break;
     }
     return any;
+  }
+
+  void worker_busy(bool busy) noexcept override {
+    if (progress_ != Progress::steal) return;
+    PerThread& t = per_thread();
+    const int d = thread_index() % rt_.device_count();
+    if (t.owner_of != generation_) {  // first report from this thread: it owns its device
+      t.owner_of = generation_;
+      policy_->add_owner(d, t.numa_node());
+    }
+    policy_->owner_busy(d, busy);
   }
 
   void barrier() override { rt_.barrier(); }
 
  private:
-  ferry::Tag next_tag(int dev) {
-    // Relaxed: a tag only has to differ from the tags of this device's other parcels in flight.
-    ferry::Tag t = tags_[static_cast<std::size_t>(dev)].fetch_add(1, std::memory_order_relaxed) & ferry::max_tag;
-    if (t == 0) t = tags_[static_cast<std::size_t>(dev)].fetch_add(1, std::memory_order_relaxed) & ferry::max_tag;
+  // What each thread keeps for the polling policies: its random numbers, its local-polling
+  // miss count, its NUMA node, and which transport (by generation) it registered as an owner in.
+  struct PerThread {
+    XorShift rng{static_cast<std::uint32_t>(thread_index()) * 0x9E3779B1u + 0x7F4A7C15u};
+    unsigned misses = 0;
+    int node = -2;  // -2: not asked yet
+    std::uint64_t owner_of = 0;
+    int numa_node() {
+      if (node == -2) node = current_numa_node();
+      return node;
+    }
+  };
+  static PerThread& per_thread() {
+    thread_local PerThread t;
     return t;
   }
 
+  bool progress_device(int d) { return devs_[static_cast<std::size_t>(d)]->progress(); }
+
+  // explicit / implicit: progress the devices FERRY_DEVICE_POLLING picks.
+  bool poll_devices() {
+    const int n = static_cast<int>(devs_.size());
+    if (n == 1) return progress_device(0);
+    const int own = thread_index() % n;
+    PerThread& t = per_thread();
+    switch (polling_) {
+      case Polling::local: {
+        bool any = progress_device(own);
+        // Starvation guard: a device no thread maps to (fewer pollers than devices, or a
+        // poller that left) would never progress. One idle call in 256 also polls another
+        // device, which keeps "local" live without making it "global".
+        if (!any && (++t.misses & 255u) == 0) any = progress_device((own + 1 + t.rng.below(n - 1)) % n);
+        return any;
+      }
+      case Polling::random:
+        return progress_device(t.rng.below(n));
+      case Polling::global: {
+        bool any = false;
+        for (int k = 0; k < n; ++k) any |= progress_device((own + k) % n);  // own first
+        return any;
+      }
+    }
+    return false;
+  }
+
+  bool steal() {
+    PerThread& t = per_thread();
+    return policy_->poll(thread_index() % static_cast<int>(devs_.size()), t.numa_node(), t.rng,
+                         [this](int d) { return progress_device(d); });
+  }
+
+  // An operation that completes on device d is under way: d likely has work (steal's hint).
+  void expect(int d) noexcept {
+    if (policy_) policy_->expect_work(d);
+  }
+
+  // Posts one operation whose local completion is the completion queue or, with
+  // completion=sync, a synchronizer from the pool. `post` receives the completion object.
+  // A pool that is empty is a retry like any other shortage.
+  template <class Post>
+  Status post_op(int d, Post&& post) {
+    if (!sync_) {
+      const Status s = post(static_cast<CompletionObject*>(&cq_));
+      if (s.is_posted()) expect(d);
+      return s;
+    }
+    SyncSlot* slot = pool_->acquire();
+    if (slot == nullptr) return Status::make_retry(RetryReason::none);
+    slot->arm();
+    Status s;
+    try {
+      s = post(static_cast<CompletionObject*>(&slot->sync));
+    } catch (...) {
+      slot->disarm();
+      pool_->release(slot);
+      throw;
+    }
+    if (s.is_posted()) {
+      expect(d);
+    } else {  // done or retry: no signal will come
+      slot->disarm();
+      pool_->release(slot);
+    }
+    return s;
+  }
+
+  ferry::Tag next_tag(int dev) {
+    // Relaxed: a tag only has to differ from the tags of this device's other parcels in flight.
+    // Never 0 (no follow-ups) and never the header tag.
+    for (;;) {
+      const ferry::Tag t = tags_[static_cast<std::size_t>(dev)].fetch_add(1, std::memory_order_relaxed) & ferry::max_tag;
+      if (t != 0 && t != kHeaderTag) return t;
+    }
+  }
+
+  Status post_header_once(Device& dev, int dest, const std::byte* data, std::size_t size) {
+    if (sendrecv_) return dev.post_send({.rank = dest, .buffer = data, .size = size, .tag = kHeaderTag});
+    return dev.post_am({.rank = dest, .buffer = data, .size = size, .target = {kHeaderTarget}});
+  }
+
   void post_header(Device& dev, int dest, const std::byte* data, std::size_t size) {
-    const AmArgs args{.rank = dest, .buffer = data, .size = size, .target = {kHeaderTarget}};
     for (int attempt = 0; attempt < 64; ++attempt) {
-      const Status s = dev.post_am(args);
+      const Status s = post_header_once(dev, dest, data, size);
       if (!s.is_retry()) return;  // eager: done
       dev.progress();
     }
     std::vector<std::byte> copy(data, data + size);
-    defer([&dev, dest, copy = std::move(copy)] {
-      return !dev.post_am({.rank = dest, .buffer = copy.data(), .size = copy.size(), .target = {kHeaderTarget}}).is_retry();
-    });
+    defer([this, &dev, dest, copy = std::move(copy)] { return !post_header_once(dev, dest, copy.data(), copy.size()).is_retry(); });
+  }
+
+  // header=sendrecv: posts hs's receive (armed, with completion=sync).
+  Status post_header_recv(HeaderSlot* hs) {
+    CompletionObject* local = &cq_;
+    if (sync_) {
+      hs->slot.arm();
+      local = &hs->slot.sync;
+    }
+    const Status s = devs_[static_cast<std::size_t>(hs->device)]->post_recv(
+        {.rank = any_source, .buffer = hs->buffer.data(), .size = hs->buffer.size(), .tag = kHeaderTag, .local = local,
+         .context = static_cast<State*>(hs)});
+    if (sync_ && !s.is_posted()) hs->slot.disarm();
+    return s;
+  }
+
+  // Posts hs again; a header that was already waiting is taken and processed on the way.
+  // False when the device asked for a retry.
+  bool try_repost_header(HeaderSlot* hs) {
+    for (;;) {
+      const Status s = post_header_recv(hs);
+      if (s.is_posted()) return true;
+      if (s.is_retry()) return false;
+      on_header(s.rank, copy_header(hs, s.size), {});
+    }
+  }
+
+  void repost_header(HeaderSlot* hs) {
+    if (!try_repost_header(hs)) defer([this, hs] { return try_repost_header(hs); });
+  }
+
+  // The header's bytes in a buffer of their own, so the slot can receive the next one at once.
+  static Buffer copy_header(const HeaderSlot* hs, std::size_t size) {
+    void* p = std::malloc(size != 0 ? size : 1);
+    if (p == nullptr) throw Error("parcel receive: cannot allocate a " + std::to_string(size) + "-byte header");
+    std::memcpy(p, hs->buffer.data(), std::min(size, hs->buffer.size()));
+    return Buffer(p, size, &release_malloc, nullptr);
+  }
+
+  void on_header_recv(HeaderSlot* hs, Completion&& c) {
+    if (!c.ok()) {
+      std::fprintf(stderr, "ferry parcelport: locality %d: a header receive failed: %s\n", locality(),
+                   c.error_string().c_str());
+      repost_header(hs);
+      return;
+    }
+    Buffer b = copy_header(hs, c.size);
+    repost_header(hs);
+    on_header(c.rank, std::move(b), {});
   }
 
   // Posts chunks in order with post_one; at the first retry the rest become one deferred step,
   // so a parcel's follow-ups (and their receives) are never posted out of order — ferry
   // matches them by (source, tag) in posting order.
-  void post_in_order(Device& dev, std::vector<Chunk> chunks, State* st, std::function<Status(const Chunk&)> post_one) {
+  void post_in_order(int d, std::vector<Chunk> chunks, State* st, std::function<Status(const Chunk&)> post_one) {
     std::size_t i = 0;
     for (; i < chunks.size(); ++i) {
       const Status s = post_one(chunks[i]);
@@ -224,7 +540,7 @@ class FerryTransport final : public Transport {
       if (s.is_done()) finish_one(st, s);
     }
     if (i == chunks.size()) return;
-    dev.progress();
+    progress_device(d);
     defer([this, chunks = std::move(chunks), i, st, post_one = std::move(post_one)]() mutable {
       for (; i < chunks.size(); ++i) {
         const Status s = post_one(chunks[i]);
@@ -237,13 +553,13 @@ class FerryTransport final : public Transport {
 
   // Posts now or later; a `done` result counts as an immediate completion of `st`.
   template <class Post>
-  void post_deferrable(Device& dev, Post post, State* st) {
+  void post_deferrable(int d, Post post, State* st) {
     const Status s = post();
     if (!s.is_retry()) {
       if (s.is_done()) finish_one(st, s);
       return;
     }
-    dev.progress();
+    progress_device(d);
     defer([this, post = std::move(post), st]() mutable {
       const Status s2 = post();
       if (s2.is_retry()) return false;
@@ -258,28 +574,76 @@ class FerryTransport final : public Transport {
     deferred_count_.store(deferred_.size(), std::memory_order_relaxed);
   }
 
+  // Runs the deferred steps in order, stopping at the first that still cannot go (follow-ups
+  // of one parcel stay in order). One runner at a time (deferred_running_, a try-flag: acquire
+  // on taking it, release on dropping it, so the next runner sees the list as this one left
+  // it). The steps run without the mutex: a step may defer() again (a header re-post, an
+  // upcall that sends), which appends behind the steps still waiting.
   bool run_deferred() {
     // Relaxed: a stale zero only postpones the work to a later call.
     if (deferred_count_.load(std::memory_order_relaxed) == 0) return false;
-    std::unique_lock<std::mutex> g(deferred_mutex_, std::try_to_lock);
-    if (!g.owns_lock() || deferred_.empty()) return false;
-    // Keep order: stop at the first step that still cannot go (follow-ups of one parcel in order).
+    if (deferred_running_.exchange(true, std::memory_order_acquire)) return false;
+    std::deque<std::function<bool()>> batch;
+    {
+      std::lock_guard<std::mutex> g(deferred_mutex_);
+      batch.swap(deferred_);
+    }
+    struct PutBack {
+      FerryTransport& t;
+      std::deque<std::function<bool()>>& batch;
+      ~PutBack() {
+        std::lock_guard<std::mutex> g(t.deferred_mutex_);
+        // The steps still waiting are older than anything deferred meanwhile: they go first.
+        for (auto it = batch.rbegin(); it != batch.rend(); ++it) t.deferred_.push_front(std::move(*it));
+        t.deferred_count_.store(t.deferred_.size(), std::memory_order_relaxed);
+        t.deferred_running_.store(false, std::memory_order_release);
+      }
+    } put_back{*this, batch};
     bool any = false;
-    while (!deferred_.empty()) {
-      if (!deferred_.front()()) break;
-      deferred_.pop_front();
+    while (!batch.empty()) {
+      if (!batch.front()()) break;
+      batch.pop_front();
       any = true;
     }
-    deferred_count_.store(deferred_.size(), std::memory_order_relaxed);
     return any;
   }
 
+  // Everything that finished: the completion queue, and with completion=sync the header
+  // slots and one window of the synchronizer pool.
+  bool drain_completions() {
+    bool any = false;
+    if (use_cq()) {
+      for (int i = 0; i < 8; ++i) {
+        auto c = cq_.pop();
+        if (!c) break;
+        any = true;
+        handle(std::move(*c));
+      }
+    }
+    if (sync_) {
+      for (auto& hs : header_slots_) {
+        Completion c;
+        if (!hs->slot.claim(c)) continue;
+        any = true;
+        on_header_recv(hs.get(), std::move(c));
+      }
+      any |= pool_->poll([this](Completion&& c) { handle(std::move(c)); });
+    }
+    return any;
+  }
+  // With sync and sendrecv nothing completes into the queue.
+  bool use_cq() const noexcept { return !(sync_ && sendrecv_); }
+
   void handle(Completion&& c) {
     if (c.op == OpKind::remote_am) {
-      on_header(std::move(c));
+      on_header(c.rank, std::move(c.buffer), std::move(c.parts));
       return;
     }
     auto* st = static_cast<State*>(c.context);
+    if (st->kind == StateKind::header) {
+      on_header_recv(static_cast<HeaderSlot*>(st), std::move(c));
+      return;
+    }
     if (!c.ok()) {
       std::fprintf(stderr, "ferry parcelport: locality %d: a follow-up %s with locality %d failed: %s\n", locality(),
                    to_string(c.op), c.rank, c.error_string().c_str());
@@ -289,7 +653,7 @@ class FerryTransport final : public Transport {
 
   // One follow-up of `st` finished.
   void finish_one(State* st, const Status&) {
-    if (st->is_send) {
+    if (st->kind == StateKind::send) {
       finish_send(static_cast<SendState*>(st));
     } else {
       finish_recv(static_cast<RecvState*>(st));
@@ -314,12 +678,14 @@ class FerryTransport final : public Transport {
     if (r->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) deliver(r);
   }
 
-  void on_header(Completion&& c) {
-    const auto* base = static_cast<const std::byte*>(c.buffer.data());
+  // A header from `source`, in `header` (which the parcel may keep as its nzc storage); with
+  // iovec, `parts` holds the follow-ups that came with it.
+  void on_header(int source, Buffer header, std::vector<Buffer> parts) {
+    const auto* base = static_cast<const std::byte*>(header.data());
     WireHeader h;
-    if (c.buffer.size() < sizeof h) {
+    if (header.size() < sizeof h) {
       std::fprintf(stderr, "ferry parcelport: locality %d: dropped a %zu-byte header from locality %d\n", locality(),
-                   c.buffer.size(), c.rank);
+                   header.size(), source);
       return;
     }
     std::memcpy(&h, base, sizeof h);
@@ -331,42 +697,42 @@ class FerryTransport final : public Transport {
       s = v;
       at += sizeof v;
     }
-    if (!c.parts.empty()) {  // iovec: everything is here
+    if (!parts.empty()) {  // iovec: everything is here
       Parcel p;
       std::size_t k = 0;
       if (h.piggyback) {
         p.nzc = {const_cast<std::byte*>(at), h.nzc_size};
-        p.nzc_storage = std::move(c.buffer);
+        p.nzc_storage = std::move(header);
       } else {
-        p.nzc = {static_cast<std::byte*>(c.parts[0].data()), c.parts[0].size()};
-        p.nzc_storage = std::move(c.parts[0]);
+        p.nzc = {static_cast<std::byte*>(parts[0].data()), parts[0].size()};
+        p.nzc_storage = std::move(parts[0]);
         k = 1;
       }
-      for (; k < c.parts.size(); ++k) {
-        p.zc.push_back({static_cast<std::byte*>(c.parts[k].data()), c.parts[k].size()});
-        p.zc_storage.push_back(std::move(c.parts[k]));
+      for (; k < parts.size(); ++k) {
+        p.zc.push_back({static_cast<std::byte*>(parts[k].data()), parts[k].size()});
+        p.zc_storage.push_back(std::move(parts[k]));
       }
       delivered_.fetch_add(1, std::memory_order_relaxed);
-      upcalls_.handle_parcel(c.rank, std::move(p));
+      upcalls_.handle_parcel(source, std::move(p));
       return;
     }
     if (h.piggyback && h.zc_count == 0) {  // the common small parcel: hand over ferry's buffer
       Parcel p;
       p.nzc = {const_cast<std::byte*>(at), h.nzc_size};
-      p.nzc_storage = std::move(c.buffer);
+      p.nzc_storage = std::move(header);
       delivered_.fetch_add(1, std::memory_order_relaxed);
-      upcalls_.handle_parcel(c.rank, std::move(p));
+      upcalls_.handle_parcel(source, std::move(p));
       return;
     }
     auto* r = new RecvState{};
-    r->is_send = false;
-    r->source = c.rank;
+    r->kind = StateKind::recv;
+    r->source = source;
     r->tag = h.tag;
     r->device = h.device % rt_.device_count();
     r->sizes = std::move(sizes);
     if (h.piggyback) {
       r->parcel.nzc = {const_cast<std::byte*>(at), h.nzc_size};
-      r->parcel.nzc_storage = std::move(c.buffer);
+      r->parcel.nzc_storage = std::move(header);
       r->awaiting_nzc = false;
       start_zc(r);
       return;
@@ -395,10 +761,13 @@ class FerryTransport final : public Transport {
   }
 
   void post_recvs(RecvState* r, std::vector<Chunk> into) {
-    Device& dev = rt_.device(r->device);
-    post_in_order(dev, std::move(into), r, [this, &dev, r](const Chunk& c) {
-      return dev.post_recv({.rank = r->source, .buffer = c.data, .size = c.size, .tag = r->tag, .local = &cq_,
-                            .context = static_cast<State*>(r)});
+    const int d = r->device;
+    Device& dev = *devs_[static_cast<std::size_t>(d)];
+    post_in_order(d, std::move(into), r, [this, &dev, d, r](const Chunk& c) {
+      return post_op(d, [&](CompletionObject* local) {
+        return dev.post_recv({.rank = r->source, .buffer = c.data, .size = c.size, .tag = r->tag, .local = local,
+                              .context = static_cast<State*>(r)});
+      });
     });
   }
 
@@ -410,20 +779,36 @@ class FerryTransport final : public Transport {
     upcalls_.handle_parcel(source, std::move(p));
   }
 
+  static std::uint64_t next_generation() noexcept {
+    // Relaxed: only uniqueness matters.
+    static std::atomic<std::uint64_t> counter{0};
+    return counter.fetch_add(1, std::memory_order_relaxed) + 1;
+  }
+
   Upcalls& upcalls_;
   Runtime rt_;
   bool iovec_;
+  Progress progress_ = Progress::explicit_;
+  Polling polling_ = Polling::local;
+  bool sendrecv_ = false;
+  bool sync_ = false;
+  std::vector<Device*> devs_;
   std::size_t max_header_ = 0;
   CompletionQueue cq_;
   Exposure exposure_;
   std::vector<std::atomic<std::uint32_t>> tags_;
-  std::atomic<std::uint32_t> rr_{0};
+  // Which transport a thread registered as an owner in (PerThread::owner_of): never 0.
+  const std::uint64_t generation_ = next_generation();
+  std::unique_ptr<StealPolicy> policy_;          // progress=steal
+  std::unique_ptr<SyncPool> pool_;               // completion=sync
+  std::vector<std::unique_ptr<HeaderSlot>> header_slots_;  // header=sendrecv
   // Counters for termination detection. Relaxed: read only as sums, after quiescence.
   std::atomic<std::uint64_t> sent_{0};
   std::atomic<std::uint64_t> delivered_{0};
   std::mutex deferred_mutex_;
   std::deque<std::function<bool()>> deferred_;
   std::atomic<std::size_t> deferred_count_{0};
+  std::atomic<bool> deferred_running_{false};
 };
 
 }  // namespace

@@ -164,8 +164,12 @@ TEST(SendRecv, MessagesFromOnePeerWithOneTagAreMatchedInOrder) {
     });
   }
   rt().barrier();
+  // Each send has its own buffer: under a deferring lock model (offload, lockq) a send reads
+  // its buffer when it is performed, not when it is posted.
+  std::vector<std::uint32_t> out(n);
   for (std::uint32_t i = 0; i < n; ++i) {
-    (void)post_retry(dev, [&] { return dev.post_send({.rank = right(), .buffer = &i, .size = 4, .tag = 7}); });
+    out[i] = i;
+    (void)post_retry(dev, [&] { return dev.post_send({.rank = right(), .buffer = &out[i], .size = 4, .tag = 7}); });
   }
   ASSERT_TRUE(wait_until(dev, [&] { return recvs.test(); }));
   for (std::uint32_t i = 0; i < n; ++i) EXPECT_EQ(in[i], i);

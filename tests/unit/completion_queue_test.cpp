@@ -24,6 +24,7 @@ using ferry::Buffer;
 using ferry::Completion;
 using ferry::CompletionQueue;
 using ferry::CompletionQueueOptions;
+using ferry::QueueKind;
 
 // Completions are identified by their context pointer, which ferry passes through untouched.
 void* tag_ptr(std::uint64_t v) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(v)); }
@@ -52,15 +53,30 @@ struct ReleaseLog {
 };
 
 // --- CompletionQueue ------------------------------------------------------------------------
+// Every test below runs once per queue algorithm (QueueKind).
 
-TEST(CompletionQueue, CapacityRoundsUpToPowerOfTwo) {
-  EXPECT_EQ(CompletionQueue(CompletionQueueOptions{4}).capacity(), 4u);
-  EXPECT_EQ(CompletionQueue(CompletionQueueOptions{5}).capacity(), 8u);
-  EXPECT_EQ(CompletionQueue(CompletionQueueOptions{1000}).capacity(), 1024u);
+const QueueKind kAllKinds[] = {QueueKind::ring, QueueKind::faa, QueueKind::ms, QueueKind::lock};
+
+class CompletionQueueKinds : public testing::TestWithParam<QueueKind> {
+ protected:
+  CompletionQueueOptions options(std::size_t capacity) const {
+    CompletionQueueOptions o;
+    o.capacity = capacity;
+    o.kind = GetParam();
+    return o;
+  }
+};
+
+std::string kind_name(const testing::TestParamInfo<QueueKind>& info) { return ferry::to_string(info.param); }
+
+TEST_P(CompletionQueueKinds, CapacityRoundsUpToPowerOfTwo) {
+  EXPECT_EQ(CompletionQueue(options(4)).capacity(), 4u);
+  EXPECT_EQ(CompletionQueue(options(5)).capacity(), 8u);
+  EXPECT_EQ(CompletionQueue(options(1000)).capacity(), 1024u);
 }
 
 // capacity 0 means "use FERRY_CQ_CAPACITY", defaulting to 65536.
-TEST(CompletionQueue, DefaultCapacityComesFromEnvironment) {
+TEST_P(CompletionQueueKinds, DefaultCapacityComesFromEnvironment) {
   // Restore the caller's setting afterwards, whatever happens in between.
   struct Restore {
     std::optional<std::string> saved;
@@ -70,22 +86,22 @@ TEST(CompletionQueue, DefaultCapacityComesFromEnvironment) {
   } restore;
   if (const char* v = std::getenv("FERRY_CQ_CAPACITY")) restore.saved = v;
   ASSERT_EQ(::unsetenv("FERRY_CQ_CAPACITY"), 0);
-  EXPECT_EQ(CompletionQueue().capacity(), 65536u);
+  EXPECT_EQ(CompletionQueue(options(0)).capacity(), 65536u);
   ASSERT_EQ(::setenv("FERRY_CQ_CAPACITY", "1k", 1), 0);
-  EXPECT_EQ(CompletionQueue().capacity(), 1024u);
+  EXPECT_EQ(CompletionQueue(options(0)).capacity(), 1024u);
   ASSERT_EQ(::setenv("FERRY_CQ_CAPACITY", "1", 1), 0);  // below the minimum of 2
-  EXPECT_THROW(CompletionQueue(), ferry::Error);
+  EXPECT_THROW(CompletionQueue(options(0)), ferry::Error);
   ASSERT_EQ(::setenv("FERRY_CQ_CAPACITY", "lots", 1), 0);
-  EXPECT_THROW(CompletionQueue(), ferry::Error);
+  EXPECT_THROW(CompletionQueue(options(0)), ferry::Error);
 }
 
-TEST(CompletionQueue, EmptyPopReturnsNothing) {
-  CompletionQueue q(CompletionQueueOptions{8});
+TEST_P(CompletionQueueKinds, EmptyPopReturnsNothing) {
+  CompletionQueue q(options(8));
   EXPECT_FALSE(q.pop().has_value());
 }
 
-TEST(CompletionQueue, SignalThenPopCarriesEveryField) {
-  CompletionQueue q(CompletionQueueOptions{8});
+TEST_P(CompletionQueueKinds, SignalThenPopCarriesEveryField) {
+  CompletionQueue q(options(8));
   for (std::uint64_t i = 0; i < 8; ++i) q.signal(make(i));
   for (std::uint64_t i = 0; i < 8; ++i) {
     std::optional<Completion> c = q.pop();
@@ -101,8 +117,8 @@ TEST(CompletionQueue, SignalThenPopCarriesEveryField) {
 }
 
 // A full queue spills into the overflow list: nothing is dropped and signal() never waits.
-TEST(CompletionQueue, OverflowLosesNothing) {
-  CompletionQueue q(CompletionQueueOptions{4});
+TEST_P(CompletionQueueKinds, OverflowLosesNothing) {
+  CompletionQueue q(options(4));
   ASSERT_EQ(q.capacity(), 4u);
   constexpr std::uint64_t kSignals = 1000;
   for (std::uint64_t i = 0; i < kSignals; ++i) q.signal(make(i));
@@ -120,8 +136,8 @@ TEST(CompletionQueue, OverflowLosesNothing) {
 
 // Overflow interleaved with pops: after a spill, later signals may find ring space again;
 // still every completion comes out once.
-TEST(CompletionQueue, OverflowInterleavedWithPops) {
-  CompletionQueue q(CompletionQueueOptions{4});
+TEST_P(CompletionQueueKinds, OverflowInterleavedWithPops) {
+  CompletionQueue q(options(4));
   std::vector<int> seen(3000, 0);
   std::uint64_t next = 0;
   for (int round = 0; round < 100; ++round) {
@@ -138,11 +154,11 @@ TEST(CompletionQueue, OverflowInterleavedWithPops) {
 
 // Buffers travel with completions: the popper owns them, and whatever is still queued (in the
 // ring or in the overflow list) is released when the queue is destroyed, exactly once.
-TEST(CompletionQueue, BuffersReleasedExactlyOnce) {
+TEST_P(CompletionQueueKinds, BuffersReleasedExactlyOnce) {
   ReleaseLog popped_log, queued_log;
   int payload = 0;
   {
-    CompletionQueue q(CompletionQueueOptions{2});
+    CompletionQueue q(options(2));
     Completion first = make(0);
     first.buffer = Buffer(&payload, sizeof payload, &ReleaseLog::release, &popped_log);
     q.signal(std::move(first));
@@ -169,8 +185,9 @@ TEST(CompletionQueue, BuffersReleasedExactlyOnce) {
 }
 
 // The fast path (room in the ring) allocates nothing: signal() runs inside progress().
-TEST(CompletionQueue, FastPathDoesNotAllocate) {
-  CompletionQueue q(CompletionQueueOptions{64});
+TEST_P(CompletionQueueKinds, FastPathDoesNotAllocate) {
+  if (GetParam() == QueueKind::lock) GTEST_SKIP() << "the locked deque allocates a block every few entries";
+  CompletionQueue q(options(64));
   ferry::test::AllocationCounter allocs;
   for (std::uint64_t i = 0; i < 1000; ++i) {
     q.signal(make(i));
@@ -180,14 +197,29 @@ TEST(CompletionQueue, FastPathDoesNotAllocate) {
   EXPECT_EQ(allocs.count(), 0u);
 }
 
+INSTANTIATE_TEST_SUITE_P(Kinds, CompletionQueueKinds, testing::ValuesIn(kAllKinds), kind_name);
+
 struct CqStressParam {
   int producers;
   int consumers;
   std::size_t capacity;
+  QueueKind kind;
 };
 
 void PrintTo(const CqStressParam& p, std::ostream* os) {
-  *os << p.producers << " producers, " << p.consumers << " consumers, capacity " << p.capacity;
+  *os << ferry::to_string(p.kind) << ": " << p.producers << " producers, " << p.consumers << " consumers, capacity "
+      << p.capacity;
+}
+
+std::vector<CqStressParam> cq_stress_params() {
+  std::vector<CqStressParam> out;
+  for (const QueueKind kind : kAllKinds) {
+    for (const CqStressParam p : {CqStressParam{4, 4, 1024, kind}, CqStressParam{4, 2, 8, kind},
+                                  CqStressParam{8, 8, 4, kind}, CqStressParam{1, 4, 65536, kind}}) {
+      out.push_back(p);
+    }
+  }
+  return out;
 }
 
 class CompletionQueueStress : public testing::TestWithParam<CqStressParam> {};
@@ -198,7 +230,10 @@ TEST_P(CompletionQueueStress, ExactlyOnce) {
   const CqStressParam param = GetParam();
   const std::size_t per_producer = ferry::test::scaled(1'000'000) / static_cast<std::size_t>(param.producers);
   const std::size_t total = per_producer * static_cast<std::size_t>(param.producers);
-  CompletionQueue q(CompletionQueueOptions{param.capacity});
+  CompletionQueueOptions options;
+  options.capacity = param.capacity;
+  options.kind = param.kind;
+  CompletionQueue q(options);
   std::vector<std::atomic<std::uint8_t>> hits(total);
   std::atomic<std::size_t> consumed{0}, bad{0};
   ferry::test::Gate gate;
@@ -243,11 +278,10 @@ TEST_P(CompletionQueueStress, ExactlyOnce) {
   EXPECT_FALSE(q.pop().has_value());
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, CompletionQueueStress,
-                         testing::Values(CqStressParam{4, 4, 1024}, CqStressParam{4, 2, 8}, CqStressParam{8, 8, 4},
-                                         CqStressParam{1, 4, 65536}),
+INSTANTIATE_TEST_SUITE_P(Configs, CompletionQueueStress, testing::ValuesIn(cq_stress_params()),
                          [](const testing::TestParamInfo<CqStressParam>& info) {
-                           return std::to_string(info.param.producers) + "p" +
+                           return std::string(ferry::to_string(info.param.kind)) + "_" +
+                                  std::to_string(info.param.producers) + "p" +
                                   std::to_string(info.param.consumers) + "c_cap" +
                                   std::to_string(info.param.capacity);
                          });

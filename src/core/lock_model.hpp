@@ -1,0 +1,124 @@
+// lock_model.hpp — how threads share one device (FERRY_LOCK_MODEL; paper 002, paper 000 §5.3).
+//
+//   lockless  the device's own fine-grained synchronisation only (the default; no wrapper)
+//   trylock   one coarse try-lock around every call; a post that finds it taken returns
+//             retry(lock), a progress that finds it taken returns false
+//   block     one coarse blocking lock around every call (the MPI-like baseline)
+//   lockq     LockQ: try the lock; on failure post an operation descriptor to a wait-free
+//             multi-producer single-consumer queue and return `posted`; whoever holds the
+//             lock first executes up to kMaxCombine queued descriptors (in order), then its
+//             own call. progress() tries the lock with exponential back-off.
+//   csync     combining in the style of CC-Synch/DSM-Synch: every call is announced in a node
+//             of a shared list; the thread at the head executes the announced calls (up to
+//             kMaxCombine) for everyone, the others wait until theirs is done.
+//   offload   a dedicated communication thread performs every network operation and all
+//             progress; callers enqueue descriptors (as lockq does) and return `posted`.
+//
+// Semantics of a deferred post (lockq on contention, offload always) are those of the direct
+// call: an eager send (post_am / post_send up to the eager limit, a put up to the inject size)
+// copies its payload into the descriptor and returns `done`, so the caller may reuse its
+// buffer at once; everything else returns `posted` and signals its local completion object
+// when performed (a receive or rendezvous keeps using the caller's buffer until then).
+// Arguments are validated before a post is deferred, so bad input still throws ferry::Error
+// in the caller.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include "core/spinlock.hpp"
+#include "ferry/runtime.hpp"
+
+namespace ferry::detail {
+
+class DeviceImpl;
+
+enum class LockModel : std::uint8_t { lockless, trylock, block, lockq, csync, offload };
+LockModel parse_lock_model(const std::string& name);  // names validated by resolve_config
+
+// One post or a progress call, as data.
+struct OpDesc {
+  using Args = std::variant<std::monostate, AmArgs, AmIovecArgs, SendArgs, RecvArgs, PutArgs, GetArgs>;
+  Args args;  // monostate: a progress call
+  std::vector<unsigned char> copy;  // an eager payload (and an iovec's eager part), owned
+  bool returned_done = false;       // the caller was told `done`: signal nothing later
+  std::atomic<OpDesc*> next{nullptr};
+};
+
+// Wait-free multi-producer, single-consumer intrusive queue (a stub node and an exchange on
+// the tail). Contract: push() by any thread, wait-free; pop() by one thread at a time (the
+// lock holder or the offload thread); pop() may report empty while a push is between its two
+// steps, and that element shows up on a later pop — never lost, never reordered per producer.
+// Orders: the tail exchange is acq_rel (it orders the pushed node's contents before the link
+// that publishes it, release) and the link is stored release and read acquire by the consumer.
+class MpscQueue {
+ public:
+  MpscQueue() : head_(&stub_), tail_(&stub_) {}
+  void push(OpDesc* d) noexcept {
+    d->next.store(nullptr, std::memory_order_relaxed);
+    OpDesc* prev = tail_.exchange(d, std::memory_order_acq_rel);
+    prev->next.store(d, std::memory_order_release);
+  }
+  OpDesc* pop() noexcept;
+  bool empty_approx() const noexcept {
+    return head_ == &stub_ && stub_.next.load(std::memory_order_acquire) == nullptr;
+  }
+
+ private:
+  OpDesc* head_;  // consumer only
+  std::atomic<OpDesc*> tail_;
+  OpDesc stub_;
+};
+
+class ThreadSafety {
+ public:
+  static constexpr int kMaxCombine = 64;
+
+  ThreadSafety(DeviceImpl& device, LockModel model);
+  ~ThreadSafety();
+  ThreadSafety(const ThreadSafety&) = delete;
+  ThreadSafety& operator=(const ThreadSafety&) = delete;
+
+  LockModel model() const noexcept { return model_; }
+  // For every model but lockless (the device calls itself directly then).
+  Status post(OpDesc::Args&& args);
+  bool progress();
+  // Teardown: stops the offload thread after it drained what was queued.
+  void stop();
+  // Descriptors waiting (lockq, offload); exact when quiescent.
+  std::size_t queued() const noexcept { return queued_.load(std::memory_order_relaxed) + (stuck_ != nullptr ? 1 : 0); }
+
+ private:
+  Status execute(const OpDesc::Args& args);     // runs one call on the device (lock held)
+  Status execute_deferred(OpDesc* d);           // ... and signals its completion if it finished at once
+  bool combine();                               // lock held: run queued descriptors, in order
+  Status defer(OpDesc::Args&& args);
+  Status csync(const OpDesc::Args& args, bool* progressed);
+  void offload_loop();
+
+  DeviceImpl& dev_;
+  const LockModel model_;
+  SpinLock try_lock_;   // trylock, lockq
+  std::mutex block_;    // block
+  MpscQueue queue_;     // lockq, offload
+  OpDesc* stuck_ = nullptr;  // a dequeued descriptor that returned retry: first in line next time
+  std::atomic<std::size_t> queued_{0};
+
+  // csync: the announce list.
+  struct Node;
+  std::atomic<Node*> tail_{nullptr};
+  std::uint64_t generation_;
+
+  std::thread offload_;
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace ferry::detail

@@ -1,0 +1,71 @@
+#include "core/progress.hpp"
+
+#include <cstdio>
+#include <exception>
+
+#include "core/config.hpp"
+
+namespace ferry::detail {
+
+namespace {
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+}  // namespace
+
+ProgressThreads::ProgressThreads(std::vector<Device>& devices, int threads) {
+  const int d = static_cast<int>(devices.size());
+  threads_.reserve(static_cast<std::size_t>(threads));
+  for (int i = 0; i < threads; ++i) {
+    std::vector<Device*> mine;
+    if (threads <= d) {
+      for (int k = i; k < d; k += threads) mine.push_back(&devices[static_cast<std::size_t>(k)]);
+    } else {
+      mine.push_back(&devices[static_cast<std::size_t>(i % d)]);
+    }
+    threads_.emplace_back([this, mine = std::move(mine)] { run(mine); });
+  }
+}
+
+ProgressThreads::~ProgressThreads() {
+  stop_.store(true, std::memory_order_release);
+  for (auto& t : threads_) t.join();
+}
+
+void ProgressThreads::run(std::vector<Device*> mine) noexcept {
+  int idle = 0;
+  while (!stop_.load(std::memory_order_acquire)) {
+    bool any = false;
+    for (Device* dev : mine) {
+      try {
+        any |= dev->progress();
+      } catch (const std::exception& e) {
+        // Progress only throws on a dead network; report it once and stop this thread, the
+        // application sees the failure on its own calls.
+        std::fprintf(stderr, "ferry: progress thread: %s; the thread stops\n", e.what());
+        return;
+      }
+    }
+    if (any) {
+      idle = 0;
+    } else if (++idle < 32) {
+      cpu_relax();
+    } else {
+      std::this_thread::yield();
+      idle = 0;
+    }
+  }
+}
+
+std::unique_ptr<ProgressThreads> start_progress_threads(const Config& config, std::vector<Device>& devices) {
+  if (config.progress_threads <= 0 || devices.empty()) return nullptr;
+  return std::make_unique<ProgressThreads>(devices, config.progress_threads);
+}
+
+}  // namespace ferry::detail
