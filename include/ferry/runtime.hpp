@@ -128,6 +128,13 @@ struct GetArgs {
   void* context = nullptr;
 };
 
+// What the device's lock model did so far (all zero for lockless, trylock and block).
+struct DeviceStats {
+  std::uint64_t deferred = 0;           // posts handed to another thread (lockq, offload)
+  std::uint64_t combined = 0;           // calls performed on behalf of other threads (lockq, csync)
+  std::uint64_t max_combined_batch = 0; // the most calls one lock holder performed in one pass
+};
+
 class Device {
  public:
   [[nodiscard]] Status post_am(const AmArgs& args);
@@ -144,6 +151,7 @@ class Device {
   MemoryRegion register_memory(void* data, std::size_t size);
 
   int index() const noexcept;
+  DeviceStats stats() const noexcept;
   // Largest post_am / post_send that goes eagerly (larger ones use rendezvous).
   std::size_t eager_limit() const noexcept;
   // Largest eager part of a post_am_iovec with `parts` zero-copy parts.

@@ -71,6 +71,7 @@ class DeviceImpl {
 
   // The lock model (FERRY_LOCK_MODEL): null for lockless, whose calls go straight here.
   ThreadSafety* safety() noexcept { return safety_.get(); }
+  const ThreadSafety* safety() const noexcept { return safety_.get(); }
   // The argument checks of each post, without performing it (lockq/csync/offload check
   // before they defer). Throws ferry::Error like the post would.
   void validate(const OpDesc::Args& args);

@@ -197,8 +197,22 @@ Status ThreadSafety::execute_deferred(OpDesc* d) {
   return s;
 }
 
+void ThreadSafety::note_batch(std::uint64_t n) noexcept {
+  if (n == 0) return;
+  combined_.fetch_add(n, std::memory_order_relaxed);
+  std::uint64_t seen = max_batch_.load(std::memory_order_relaxed);
+  while (n > seen && !max_batch_.compare_exchange_weak(seen, n, std::memory_order_relaxed)) {
+  }
+}
+
 bool ThreadSafety::combine() {
   bool any = false;
+  std::uint64_t batch = 0;
+  struct Note {
+    ThreadSafety* t;
+    std::uint64_t* n;
+    ~Note() { t->note_batch(*n); }
+  } note{this, &batch};
   for (int n = 0; n < kMaxCombine; ++n) {
     OpDesc* d = stuck_ != nullptr ? std::exchange(stuck_, nullptr) : queue_.pop();
     if (d == nullptr) break;
@@ -208,6 +222,7 @@ bool ThreadSafety::combine() {
       break;
     }
     queued_.fetch_sub(1, std::memory_order_relaxed);
+    ++batch;
     any = true;
   }
   return any;
@@ -242,6 +257,7 @@ Status ThreadSafety::defer(OpDesc::Args&& args) {
       d->args);
   const bool done = d->returned_done;
   queued_.fetch_add(1, std::memory_order_relaxed);  // a statistic for teardown: relaxed
+  deferred_.fetch_add(1, std::memory_order_relaxed);
   queue_.push(d);
   return done ? Status::make_done() : Status::make_posted();
 }
@@ -357,7 +373,8 @@ Status ThreadSafety::csync(const OpDesc::Args& args, bool* progressed) {
   if (!cur->completed.load(std::memory_order_acquire)) {
     // This thread is the combiner: serve announced requests in order, its own first.
     Node* tmp = cur;
-    for (int n = 0; n < kMaxCombine; ++n) {
+    std::uint64_t served = 0;
+    for (int n = 0; n < kMaxCombine; ++n, ++served) {
       Node* next = tmp->next.load(std::memory_order_acquire);
       if (next == nullptr) break;  // tmp is the tail: its request is not announced yet
       try {
@@ -370,6 +387,7 @@ Status ThreadSafety::csync(const OpDesc::Args& args, bool* progressed) {
       tmp = next;
     }
     tmp->wait.store(false, std::memory_order_release);  // hands the combiner role on
+    if (served > 1) note_batch(served - 1);  // calls of other threads
   }
   if (cur->error) std::rethrow_exception(cur->error);
   if (progressed != nullptr) *progressed = cur->result.size != 0;

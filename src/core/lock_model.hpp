@@ -94,6 +94,10 @@ class ThreadSafety {
   // Teardown: stops the offload thread after it drained what was queued.
   void stop();
   // Descriptors waiting (lockq, offload); exact when quiescent.
+  DeviceStats stats() const noexcept {
+    return {deferred_.load(std::memory_order_relaxed), combined_.load(std::memory_order_relaxed),
+            max_batch_.load(std::memory_order_relaxed)};
+  }
   std::size_t queued() const noexcept { return queued_.load(std::memory_order_relaxed) + (stuck_ != nullptr ? 1 : 0); }
 
  private:
@@ -111,6 +115,9 @@ class ThreadSafety {
   MpscQueue queue_;     // lockq, offload
   OpDesc* stuck_ = nullptr;  // a dequeued descriptor that returned retry: first in line next time
   std::atomic<std::size_t> queued_{0};
+  // Statistics: relaxed, they order nothing.
+  std::atomic<std::uint64_t> deferred_{0}, combined_{0}, max_batch_{0};
+  void note_batch(std::uint64_t n) noexcept;
 
   // csync: the announce list.
   struct Node;

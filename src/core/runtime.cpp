@@ -252,6 +252,10 @@ bool Device::progress() {
 }
 MemoryRegion Device::register_memory(void* data, std::size_t size) { return impl_->register_memory(data, size); }
 int Device::index() const noexcept { return impl_->index(); }
+DeviceStats Device::stats() const noexcept {
+  if (const detail::ThreadSafety* t = impl_->safety()) return t->stats();
+  return {};
+}
 std::size_t Device::eager_limit() const noexcept { return impl_->eager_limit(); }
 std::size_t Device::iovec_eager_limit(std::size_t parts) const noexcept { return impl_->iovec_eager_limit(parts); }
 
