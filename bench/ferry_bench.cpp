@@ -426,9 +426,12 @@ int run_msgrate(const bench::MsgrateArgs& a, int threads, int devices) {
 // pushed at least as many as it popped, so the queue is never empty for a thread about to pop
 // for longer than a sibling's push takes; the benchmark cannot deadlock whatever the thread
 // count, and it measures the queue under contention on both ends at once.
-int run_cq(std::int64_t ops, int threads, bool as_json) {
+int run_cq(std::int64_t ops, int threads, bool as_json, ferry::QueueKind kind) {
   ferry::Runtime rt;
-  ferry::CompletionQueue queue;
+  if (kind == ferry::QueueKind::default_kind) kind = ferry::default_queue_kind();
+  ferry::CompletionQueueOptions queue_options;
+  queue_options.kind = kind;
+  ferry::CompletionQueue queue(queue_options);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const bool yield = static_cast<unsigned>(threads) * static_cast<unsigned>(rt.size()) > cores;
   std::vector<Clock::time_point> starts(static_cast<std::size_t>(threads));
@@ -474,6 +477,7 @@ int run_cq(std::int64_t ops, int threads, bool as_json) {
                              {"provider", rt.provider()},
                              {"ranks", rt.size()},
                              {"capacity", queue.capacity()},
+                             {"queue", ferry::to_string(kind)},
                              {"yield", yield},
                              {"seconds", secs},
                              {"msgs_per_s", rate},
@@ -481,9 +485,9 @@ int run_cq(std::int64_t ops, int threads, bool as_json) {
                              {"ferry_version", ferry::version()}});
     } else {
       std::printf(
-          "cq        threads %d  capacity %zu: %.0f completions/s through one queue (each pushed and popped; "
-          "%lld per thread, %.3f s)\n",
-          threads, queue.capacity(), rate, static_cast<long long>(ops), secs);
+          "cq        queue %s  threads %d  capacity %zu: %.0f completions/s through one queue (each pushed and "
+          "popped; %lld per thread, %.3f s)\n",
+          ferry::to_string(kind), threads, queue.capacity(), rate, static_cast<long long>(ops), secs);
       std::fflush(stdout);
     }
   }
@@ -530,6 +534,9 @@ int main(int argc, char** argv) {
   cq->add_option("--ops", ops, "completions each thread pushes and pops")
       ->check(bench::integer_in(1, bench::max_count));
   add_threads(cq);
+  std::string cq_queue = "default";
+  cq->add_option("--queue", cq_queue, "queue algorithm: ring, faa, ms, lock; default: FERRY_COMPLETION's")
+      ->check(CLI::IsMember({"default", "ring", "faa", "ms", "lock"}));
   cq->add_flag("--json", cq_json, "one JSON object per result line");
 
   // Under a launcher every rank parses the same command line; one report of a mistake is enough.
@@ -540,7 +547,14 @@ int main(int argc, char** argv) {
   try {
     if (pingpong->parsed()) return run_pingpong(pp, threads, devices);
     if (msgrate->parsed()) return run_msgrate(mr, threads, devices);
-    if (cq->parsed()) return run_cq(ops, threads, cq_json);
+    if (cq->parsed()) {
+      ferry::QueueKind kind = ferry::QueueKind::default_kind;
+      for (const ferry::QueueKind k :
+           {ferry::QueueKind::ring, ferry::QueueKind::faa, ferry::QueueKind::ms, ferry::QueueKind::lock}) {
+        if (cq_queue == ferry::to_string(k)) kind = k;
+      }
+      return run_cq(ops, threads, cq_json, kind);
+    }
   } catch (const std::exception& e) {
     die(nullptr, e.what());
   }

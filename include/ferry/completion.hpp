@@ -110,7 +110,7 @@ class QueueImpl;
 //  - ms: Michael-Scott linked queue (CAS on head/tail) over a fixed per-queue node pool.
 //  - lock: a std::deque under a mutex (the locked baseline; never full).
 //  - default_kind: whatever FERRY_COMPLETION selects (cq: the faster array queue as measured,
-//    cq_ms: ms, cq_lock: lock), read when the queue is made.
+//    currently ring; cq_ms: ms; cq_lock: lock; sync: as cq), read when the queue is made.
 // The bounded kinds hold `capacity` entries; past that, and when a push is refused for another
 // reason their contract allows, entries spill into the CompletionQueue's overflow list.
 enum class QueueKind : std::uint8_t { ring, faa, ms, lock, default_kind };

@@ -36,7 +36,7 @@ namespace ferry {
   X(lock_model, "FERRY_LOCK_MODEL", "lockless",                                            \
     "device thread safety: lockless, trylock, block, lockq, csync, offload")               \
   X(completion, "FERRY_COMPLETION", "cq",                                                  \
-    "completion mechanism: cq (FAA array queue), cq_ms (Michael-Scott), cq_lock, sync")    \
+    "completion mechanism: cq (array queue), cq_ms (Michael-Scott), cq_lock, sync")        \
   X(header, "FERRY_HEADER", "am", "parcel header primitive: am, sendrecv")                \
   X(progress, "FERRY_PROGRESS", "explicit",                                                \
     "who progresses: explicit, implicit, thread:N (N progress threads), steal")            \

@@ -55,7 +55,12 @@ std::string Completion::error_string() const {
 namespace detail {
 
 // What FERRY_COMPLETION=cq (the default) selects: the faster array queue in ferry-bench cq.
-constexpr QueueKind kCqQueueKind = QueueKind::faa;
+// Measured on the 2-core development machine (medians of interleaved runs, 1-8 threads): ring
+// was as fast as faa or faster (the two are within noise at 4 and 8 threads) and costs fewer
+// instructions per push+pop (callgrind: about 150 vs 210 in the queue itself). FAA's edge over
+// CAS (paper 000 Figure 7) grows with the core count: re-measure on a many-core node and flip
+// this to QueueKind::faa if it wins there.
+constexpr QueueKind kCqQueueKind = QueueKind::ring;
 
 namespace {
 
@@ -144,9 +149,8 @@ const char* queue_kind_name(QueueKind kind) noexcept {
   return "?";
 }
 
-// cq maps to the faster of the two array queues in ferry-bench cq (see the report with this
-// change: faa and ring measured at 1..8 threads). Read like FERRY_CQ_CAPACITY, at every queue
-// creation, so a test or benchmark can change it between queues.
+// cq maps to kCqQueueKind (above). Read like FERRY_CQ_CAPACITY, at every queue creation, so a
+// test or benchmark can change it between queues.
 QueueKind default_queue_kind() {
   const char* e = std::getenv("FERRY_COMPLETION");
   const std::string v = (e != nullptr && *e != '\0') ? e : "cq";
