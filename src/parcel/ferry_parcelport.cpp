@@ -21,6 +21,8 @@
 //    pre-posted MPI_Irecv for serializing them); 4 covers the workers per device we run with
 //    and costs 4 packets of receive buffer per device. The copy (one malloc of the header
 //    size) is the price of owning the buffer: the upcall may keep the nzc.
+//    With TransportOptions::iovec a parcel with follow-ups is still one active message (the
+//    header is its eager part); only parcels without follow-ups use the header send.
 //  - FERRY_COMPLETION=sync: every operation the parcelport posts completes into a Synchronizer
 //    from a pool that background_work polls a window at a time (the HPX MPI parcelport's request
 //    pool) — follow-ups always, header receives too with header=sendrecv; with header=am the
@@ -631,8 +633,9 @@ class FerryTransport final : public Transport {
     }
     return any;
   }
-  // With sync and sendrecv nothing completes into the queue.
-  bool use_cq() const noexcept { return !(sync_ && sendrecv_); }
+  // With sync and sendrecv nothing completes into the queue — except in iovec mode, whose
+  // parcels with follow-ups travel as one active message (header and parts) to the queue.
+  bool use_cq() const noexcept { return !(sync_ && sendrecv_) || iovec_; }
 
   void handle(Completion&& c) {
     if (c.op == OpKind::remote_am) {
