@@ -734,8 +734,16 @@ class FerryTransport final : public Transport {
     r->device = h.device % rt_.device_count();
     r->sizes = std::move(sizes);
     if (h.piggyback) {
-      r->parcel.nzc = {const_cast<std::byte*>(at), h.nzc_size};
-      r->parcel.nzc_storage = std::move(header);
+      // This parcel waits for its follow-ups, perhaps for long: it must not hold ferry's packet
+      // meanwhile. Thousands of such parcels would drain the pool, and then the device could
+      // neither repost receives nor send, so the follow-ups that free them could never arrive.
+      // The nzc is small (it fit in the header): copy it out and let the packet go now.
+      void* nzc = std::malloc(h.nzc_size != 0 ? h.nzc_size : 1);
+      if (nzc == nullptr) throw Error("parcel receive: cannot allocate " + std::to_string(h.nzc_size) + " bytes");
+      if (h.nzc_size != 0) std::memcpy(nzc, at, h.nzc_size);
+      header.reset();
+      r->parcel.nzc = {static_cast<std::byte*>(nzc), h.nzc_size};
+      r->parcel.nzc_storage = Buffer(nzc, h.nzc_size, &release_malloc, nullptr);
       r->awaiting_nzc = false;
       start_zc(r);
       return;
