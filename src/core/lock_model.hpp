@@ -98,7 +98,9 @@ class ThreadSafety {
     return {deferred_.load(std::memory_order_relaxed), combined_.load(std::memory_order_relaxed),
             max_batch_.load(std::memory_order_relaxed)};
   }
-  std::size_t queued() const noexcept { return queued_.load(std::memory_order_relaxed) + (stuck_ != nullptr ? 1 : 0); }
+  // A stuck descriptor is still counted in queued_ (it is decremented only once a descriptor
+  // ran), so any thread may read this without touching stuck_, which the lock holder owns.
+  std::size_t queued() const noexcept { return queued_.load(std::memory_order_relaxed); }
 
  private:
   Status execute(const OpDesc::Args& args);     // runs one call on the device (lock held)
