@@ -1167,7 +1167,11 @@ bool DeviceImpl::progress() {
     }
   }
   run_deferred();
-  if (posted_recvs_ < config_.prepost) repost();
+  // Reposting costs one provider call per buffer. A poll that found work leaves it to the next
+  // idle poll, so a reply is not held up by buffer bookkeeping (in a ping-pong the refill runs
+  // while the peer computes its answer); at or below half the target it refills at once, so a
+  // flood that never lets the device idle cannot drain the posted receives.
+  if (posted_recvs_ < config_.prepost && (!any || posted_recvs_ <= config_.prepost / 2)) repost();
   return any;
 }
 
