@@ -68,7 +68,7 @@ class RingQueue final : public QueueImpl {
  public:
   explicit RingQueue(std::size_t capacity) : ring_(capacity) {}
   bool push(Completion&& c) noexcept override { return ring_.try_push(std::move(c)); }
-  bool pop(Completion& c) noexcept override { return ring_.try_pop(c); }
+  bool pop(std::optional<Completion>& c) noexcept override { return ring_.try_pop(c); }
   std::size_t capacity() const noexcept override { return ring_.capacity(); }
 
  private:
@@ -79,7 +79,7 @@ class FaaQueue final : public QueueImpl {
  public:
   explicit FaaQueue(std::size_t capacity) : ring_(capacity) {}
   bool push(Completion&& c) noexcept override { return ring_.try_push(std::move(c)); }
-  bool pop(Completion& c) noexcept override { return ring_.try_pop(c); }
+  bool pop(std::optional<Completion>& c) noexcept override { return ring_.try_pop(c); }
   std::size_t capacity() const noexcept override { return ring_.capacity(); }
 
  private:
@@ -90,7 +90,7 @@ class MsLinkedQueue final : public QueueImpl {
  public:
   explicit MsLinkedQueue(std::size_t capacity) : queue_(capacity) {}
   bool push(Completion&& c) noexcept override { return queue_.try_push(std::move(c)); }
-  bool pop(Completion& c) noexcept override { return queue_.try_pop(c); }
+  bool pop(std::optional<Completion>& c) noexcept override { return queue_.try_pop(c); }
   std::size_t capacity() const noexcept override { return queue_.capacity(); }
 
  private:
@@ -110,10 +110,10 @@ class LockQueue final : public QueueImpl {
     queue_.push_back(std::move(c));
     return true;
   }
-  bool pop(Completion& c) noexcept override {
+  bool pop(std::optional<Completion>& c) noexcept override {
     std::lock_guard<std::mutex> guard(mutex_);
     if (queue_.empty()) return false;
-    c = std::move(queue_.front());
+    c.emplace(std::move(queue_.front()));
     queue_.pop_front();
     return true;
   }
@@ -190,20 +190,19 @@ void CompletionQueue::signal(Completion&& completion) noexcept {
 }
 
 std::optional<Completion> CompletionQueue::pop() noexcept {
-  Completion c;
-  if (impl_->pop(c)) return std::optional<Completion>(std::move(c));
+  std::optional<Completion> c;  // one object all the way: the queue constructs into it (NRVO)
+  if (impl_->pop(c)) return c;
   // Relaxed is enough: a stale zero only delays the spilled entry to a later pop, and the
   // entry itself is read under the mutex.
   if (overflow_size_.load(std::memory_order_relaxed) != 0) {
     std::lock_guard<std::mutex> guard(overflow_mutex_);
     if (!overflow_.empty()) {
-      c = std::move(overflow_.front());
+      c.emplace(std::move(overflow_.front()));
       overflow_.pop_front();
       overflow_size_.store(overflow_.size(), std::memory_order_relaxed);
-      return std::optional<Completion>(std::move(c));
     }
   }
-  return std::nullopt;
+  return c;
 }
 
 std::size_t CompletionQueue::capacity() const noexcept { return impl_->capacity(); }

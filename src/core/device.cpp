@@ -164,6 +164,15 @@ void check_remote(const char* call, int rank, int device, const RemoteKey& key, 
 // the fast path pays a few predictable branches.
 namespace {
 
+[[noreturn, gnu::cold, gnu::noinline]] void throw_provider(const char* call, ssize_t rc, int rank) {
+  throw Error(net::fi_error(call, rc) + " to rank " + std::to_string(rank));
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] void throw_target(const char* call, std::uint16_t id, std::size_t max) {
+  throw Error(std::string(call) + ": target=" + std::to_string(id) + " is out of range; FERRY_MAX_TARGETS=" +
+              std::to_string(max));
+}
+
 [[noreturn, gnu::cold, gnu::noinline]] void throw_finalized(const char* call) {
   throw Error(std::string(call) + ": called after the runtime was finalized");
 }
@@ -194,11 +203,11 @@ inline void check_tag(const char* call, Tag tag) {
 
 }  // namespace
 
-void DeviceImpl::check_alive(const char* call) const {
+inline void DeviceImpl::check_alive(const char* call) const {
   if (__builtin_expect(finalized_.load(std::memory_order_relaxed), 0)) throw_finalized(call);
 }
 
-void DeviceImpl::check_rank(const char* call, int rank) const {
+inline void DeviceImpl::check_rank(const char* call, int rank) const {
   if (__builtin_expect(rank < 0 || rank >= runtime_.size(), 0)) throw_rank(call, rank, runtime_.size());
 }
 
@@ -248,11 +257,8 @@ void DeviceImpl::validate(const OpDesc::Args& args) {
       args);
 }
 
-void DeviceImpl::check_target(const char* call, std::uint16_t id) const {
-  if (__builtin_expect(id >= runtime_.max_targets(), 0)) {
-    throw Error(std::string(call) + ": target=" + std::to_string(id) + " is out of range; FERRY_MAX_TARGETS=" +
-                str(runtime_.max_targets()));
-  }
+inline void DeviceImpl::check_target(const char* call, std::uint16_t id) const {
+  if (__builtin_expect(id >= runtime_.max_targets(), 0)) throw_target(call, id, runtime_.max_targets());
 }
 
 // ---- credits and the deferred list ---------------------------------------------------
@@ -302,7 +308,7 @@ Status DeviceImpl::send_packet(Packet* p, int rank, std::size_t length) {
     pool_->put(p);
     if (rc == 0) return Status::make_done();
     if (rc == -FI_EAGAIN) return Status::make_retry(RetryReason::provider);
-    throw Error(net::fi_error("fi_inject", rc) + " to rank " + std::to_string(rank));
+    throw_provider("fi_inject", rc, rank);
   }
   if (!take_credit()) {
     pool_->put(p);
@@ -315,7 +321,7 @@ Status DeviceImpl::send_packet(Packet* p, int rank, std::size_t length) {
   return_credit();
   pool_->put(p);
   if (rc == -FI_EAGAIN) return Status::make_retry(RetryReason::provider);
-  throw Error(net::fi_error("fi_send", rc) + " to rank " + std::to_string(rank));
+  throw_provider("fi_send", rc, rank);
 }
 
 namespace {
@@ -332,10 +338,7 @@ Status DeviceImpl::post_am(const AmArgs& a) {
   check_rank("post_am", a.rank);
   check_buffer("post_am", "buffer", a.buffer, a.size);
   check_tag("post_am", a.tag);
-  if (a.target.id >= runtime_.max_targets()) {
-    throw Error("post_am: target=" + std::to_string(a.target.id) + " is out of range; FERRY_MAX_TARGETS=" +
-                str(runtime_.max_targets()));
-  }
+  check_target("post_am", a.target.id);
   if (a.size > eager_limit_) {
     return post_rendezvous(OpKind::am, a.rank, a.tag, a.target.id, a.buffer, a.size, a.local, a.context);
   }
@@ -364,7 +367,7 @@ Status DeviceImpl::inject_small(MsgKind kind, std::uint16_t target, Tag tag, int
   const ssize_t rc = fi_inject(endpoint_.ep(), frame, kHeader + size, static_cast<fi_addr_t>(rank));
   if (rc == 0) return Status::make_done();
   if (rc == -FI_EAGAIN) return Status::make_retry(RetryReason::provider);
-  throw Error(net::fi_error("fi_inject", rc) + " to rank " + std::to_string(rank));
+  throw_provider("fi_inject", rc, rank);
 }
 
 bool DeviceImpl::post_barrier_step(int rank, std::uint32_t step) {

@@ -30,12 +30,25 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
 namespace ferry::detail {
 
 inline constexpr std::size_t cache_line = 64;
+
+// Moves a popped element to the caller. Into an empty std::optional it move-constructs in
+// place, which for a fat element (a Completion with its Buffer and vector) saves the
+// move-assignment's release-what-was-there checks and a second move on the way out.
+template <class T>
+void take_into(T& out, T&& item) noexcept {
+  out = std::move(item);
+}
+template <class T>
+void take_into(std::optional<T>& out, T&& item) noexcept {
+  out.emplace(std::move(item));
+}
 
 template <class T>
 class MpmcRing {
@@ -77,7 +90,9 @@ class MpmcRing {
     }
   }
 
-  bool try_pop(T& out) noexcept {
+  // Out is T or std::optional<T> (see take_into).
+  template <class Out>
+  bool try_pop(Out& out) noexcept {
     std::size_t pos = head_.load(std::memory_order_relaxed);
     for (;;) {
       Cell& cell = cells_[pos & mask_];
@@ -86,7 +101,7 @@ class MpmcRing {
       if (diff == 0) {
         if (head_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
           T* item = std::launder(reinterpret_cast<T*>(cell.storage()));
-          out = std::move(*item);
+          take_into(out, std::move(*item));
           item->~T();
           cell.seq.store(pos + mask_ + 1, std::memory_order_release);
           return true;

@@ -83,11 +83,12 @@ TEST_P(QueueImplStress, ExactlyOnceAndPerProducerFifo) {
       gate.wait();
       std::vector<std::int64_t> last(static_cast<std::size_t>(param.producers), -1);
       while (consumed.load(std::memory_order_relaxed) < total) {
-        Completion got;
-        if (!q->pop(got)) {
+        std::optional<Completion> popped;
+        if (!q->pop(popped)) {
           std::this_thread::yield();
           continue;
         }
+        const Completion& got = *popped;
         consumed.fetch_add(1, std::memory_order_relaxed);
         const std::uint64_t item = ptr_id(got.context);
         const std::size_t p = item >> 32, s = item & 0xFFFFFFFFu;
@@ -114,7 +115,7 @@ TEST_P(QueueImplStress, ExactlyOnceAndPerProducerFifo) {
   }
   EXPECT_EQ(missing, 0u);
   EXPECT_EQ(duplicated, 0u);
-  Completion extra;
+  std::optional<Completion> extra;
   EXPECT_FALSE(q->pop(extra)) << "an item was delivered beyond the total";
 }
 

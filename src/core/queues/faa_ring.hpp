@@ -136,7 +136,9 @@ class FaaRing {
     return false;
   }
 
-  bool try_pop(T& out) noexcept {
+  // Out is T or std::optional<T> (see take_into).
+  template <class Out>
+  bool try_pop(Out& out) noexcept {
     const std::uint64_t n = mask_ + 1;
     // Empty check before taking a ticket: spinning consumers on an empty ring would otherwise
     // push head past tail and make producers burn the tickets they skipped.
@@ -153,7 +155,7 @@ class FaaRing {
         const std::uint64_t status = s & kStatusMask;
         if (idx == h && status == kFull) {
           T* item = std::launder(reinterpret_cast<T*>(cell.storage()));
-          out = std::move(*item);
+          take_into(out, std::move(*item));
           item->~T();
           // FULL(h) -> EMPTY(h + n), keeping the unsafe bit whatever other consumers set
           // meanwhile: one fetch_add, no CAS loop. Release: our reads of the element happen

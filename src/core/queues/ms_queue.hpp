@@ -105,7 +105,9 @@ class MsQueue {
     }
   }
 
-  bool try_pop(T& out) noexcept {
+  // Out is T or std::optional<T> (see take_into).
+  template <class Out>
+  bool try_pop(Out& out) noexcept {
     for (;;) {
       std::uint64_t head = head_.load(std::memory_order_acquire);
       const std::uint64_t tail = tail_.load(std::memory_order_acquire);
@@ -123,7 +125,7 @@ class MsQueue {
                                       std::memory_order_relaxed)) {
         const std::uint32_t taken = index_of(next);
         T* item = std::launder(reinterpret_cast<T*>(nodes_[taken].storage()));
-        out = std::move(*item);
+        take_into(out, std::move(*item));
         item->~T();
         release(taken);           // its value is taken (it is the dummy now)
         release(index_of(head));  // the old dummy is unlinked

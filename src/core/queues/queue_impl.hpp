@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 
 #include "ferry/completion.hpp"
 
@@ -12,12 +13,13 @@ namespace ferry::detail {
 // The queue algorithm behind a CompletionQueue. push may fail only when the queue truly cannot
 // take the entry right now (full, or a cell it needs is held by a preempted thread: see each
 // algorithm's contract); pop fails only when nothing is queued or nothing queued is published
-// yet. Neither blocks. A failed push leaves the entry with the caller.
+// yet. Neither blocks. A failed push leaves the entry with the caller. pop is given an empty
+// optional and fills it only on success.
 class QueueImpl {
  public:
   virtual ~QueueImpl() = default;
   virtual bool push(Completion&& c) noexcept = 0;
-  virtual bool pop(Completion& c) noexcept = 0;
+  virtual bool pop(std::optional<Completion>& c) noexcept = 0;
   virtual std::size_t capacity() const noexcept = 0;
 };
 
