@@ -139,6 +139,39 @@ inline void add_msgrate_options(CLI::App* sub, MsgrateArgs& a) {
   sub->add_flag("--json", a.json, "one JSON object per result line");
 }
 
+// Options of ferry-bench contention (paper 002's micro-benchmarks: T threads on one device).
+struct ContentionArgs {
+  std::string pattern = "send";  // send, recv, put
+  std::int64_t size = 8;
+  std::int64_t count = 20000;    // per thread; recv: the one sender sends count x threads
+  std::int64_t window = 64;
+  std::int64_t warmup = -1;      // -1: one window; rounded up to whole windows
+  bool notify = false;           // put: end each phase with a notifying put, not a message
+  bool json = false;
+};
+
+// The values of FERRY_LOCK_MODEL, checked on the command line so that a misspelt model is an
+// argument error (exit 2) before any rank starts a runtime.
+inline const std::vector<std::string> lock_models = {"lockless", "trylock", "block", "lockq", "csync", "offload"};
+
+// Contention sizes stay small: every thread owns a slot of the put region on rank 1.
+inline constexpr std::int64_t max_contention_size = std::int64_t{1} << 20;
+
+inline void add_contention_options(CLI::App* sub, ContentionArgs& a) {
+  sub->add_option("--pattern", a.pattern,
+                  "send: T threads stream active messages; recv: T threads receive one stream; put: T threads put")
+      ->check(CLI::IsMember({"send", "recv", "put"}));
+  sub->add_option("--size", a.size, "message (put) size in bytes")
+      ->check(integer_in(std::int64_t{0}, max_contention_size));
+  sub->add_option("--count", a.count, "timed messages (puts) per thread")->check(integer_in(std::int64_t{1}, max_count));
+  sub->add_option("--window", a.window, "messages between acknowledgements (put: between waits for local completion)")
+      ->check(integer_in(std::int64_t{1}, std::int64_t{1} << 20));
+  sub->add_option("--warmup", a.warmup, "untimed messages per thread first (default: one window)")
+      ->check(integer_in(std::int64_t{0}, max_count));
+  sub->add_flag("--notify", a.notify, "put: end each thread's puts with a notifying put instead of a message");
+  sub->add_flag("--json", a.json, "one JSON object per result line");
+}
+
 // The pattern a sender writes into message byte i; differs per sender and per thread so a
 // message delivered to the wrong thread, or a stale buffer, does not pass the check.
 inline unsigned char pattern_byte(int rank, int thread, std::size_t i) {

@@ -1,8 +1,10 @@
-// ferry-bench: latency and message rate of ferry's active messages, and the raw speed of a
-// CompletionQueue. See bench/README.md for what each number means.
+// ferry-bench: latency and message rate of ferry's active messages, the same under thread
+// contention on one device for each lock model, and the raw speed of a CompletionQueue. See
+// bench/README.md for what each number means.
 //
 //   build/bin/ferryrun -n 2 build/bin/ferry-bench pingpong --size 8 --iters 10000
 //   build/bin/ferryrun -n 2 build/bin/ferry-bench msgrate --size 8 --count 100000 --window 64
+//   build/bin/ferryrun -n 2 build/bin/ferry-bench contention --pattern recv --threads 4 --lock-model lockq
 //   build/bin/ferry-bench cq --threads 2 --ops 1000000
 #include <algorithm>
 #include <atomic>
@@ -64,11 +66,17 @@ class Counter final : public ferry::CompletionObject {
 };
 
 // One benchmark thread's view of the network: its device, its inbox and how it waits.
+//
+// Messages travel on a channel c: they go to the peer's inbox exposed as target 1+c, carry tag
+// c and the payload pattern of (sending rank, c). Normally thread t uses channel t on both
+// ranks; the contention benchmark points several threads at one channel (many receivers
+// sharing one inbox, all acknowledging to one sender).
 struct Lane {
   ferry::Runtime& rt;
   ferry::Device& dev;
   ferry::CompletionQueue& inbox;
   int thread;
+  int channel;
   int peer;
   // With more busy threads than cores, a spinning thread can starve the one that would make
   // progress; yielding on an empty poll then costs far less than it saves. With enough cores
@@ -83,12 +91,15 @@ struct Lane {
   }
 
   // Posts an active message to the peer's inbox for this thread, retrying on back-pressure.
-  void send(const void* data, std::size_t size) {
+  void send(const void* data, std::size_t size) { send_on(channel, channel, data, size); }
+
+  // The same to the inbox of channel `to`, tagged with `tag` (several senders, one inbox).
+  void send_on(int to, int tag, const void* data, std::size_t size) {
     const ferry::AmArgs args{.rank = peer,
                              .buffer = data,
                              .size = size,
-                             .target = ferry::RemoteTarget{static_cast<std::uint16_t>(target_id(thread))},
-                             .tag = static_cast<ferry::Tag>(thread),
+                             .target = ferry::RemoteTarget{static_cast<std::uint16_t>(target_id(to))},
+                             .tag = static_cast<ferry::Tag>(tag),
                              .local = &sent,
                              .context = nullptr};
     ferry::Status s;
@@ -125,21 +136,21 @@ struct Lane {
     if (c.op != ferry::OpKind::remote_am) {
       throw std::runtime_error(where() + ": expected a remote_am completion, got " + ferry::to_string(c.op));
     }
-    if (c.rank != peer || c.tag != static_cast<ferry::Tag>(thread)) {
+    if (c.rank != peer || c.tag != static_cast<ferry::Tag>(channel)) {
       throw std::runtime_error(where() + " has tag " + std::to_string(c.tag) + "; expected rank " +
-                               std::to_string(peer) + " tag " + std::to_string(thread));
+                               std::to_string(peer) + " tag " + std::to_string(channel));
     }
     if (c.size != expect_size || c.buffer.size() != expect_size) {
       throw std::runtime_error(where() + " has size " + std::to_string(c.size) + " (buffer " +
                                std::to_string(c.buffer.size()) + "), expected " + std::to_string(expect_size));
     }
     const auto* p = static_cast<const unsigned char*>(c.buffer.data());
-    if (!bench::check_ends(p, expect_size, peer, thread)) {
+    if (!bench::check_ends(p, expect_size, peer, channel)) {
       throw std::runtime_error(where() + ": first or last payload byte is wrong (size " + std::to_string(expect_size) +
                                ")");
     }
     if (full_check) {
-      const long long bad = bench::check_pattern(p, expect_size, peer, thread);
+      const long long bad = bench::check_pattern(p, expect_size, peer, channel);
       if (bad >= 0) {
         throw std::runtime_error(where() + ": payload byte " + std::to_string(bad) + " of " +
                                  std::to_string(expect_size) + " is wrong");
@@ -147,13 +158,15 @@ struct Lane {
     }
   }
 
-  static int target_id(int thread) { return 1 + thread; }
+  static int target_id(int channel) { return 1 + channel; }
 };
 
 // (A designated initializer would do, but GCC's -Wextra flags the fields it leaves out.)
-ferry::RuntimeOptions options_with_devices(int devices) {
+// An empty lock model leaves FERRY_LOCK_MODEL (or the default) in force.
+ferry::RuntimeOptions runtime_options(int devices, const std::string& lock_model) {
   ferry::RuntimeOptions o;
   o.devices = devices;
+  o.lock_model = lock_model;
   return o;
 }
 
@@ -166,7 +179,8 @@ struct Job {
   std::vector<std::unique_ptr<ferry::CompletionQueue>> inboxes;
   std::vector<ferry::Exposure> exposures;
 
-  Job(int threads_, int devices_) : rt(options_with_devices(devices_)), threads(threads_) {
+  Job(int threads_, int devices_, const std::string& lock_model)
+      : rt(runtime_options(devices_, lock_model)), threads(threads_) {
     devices = rt.device_count();
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     // All ranks of a ferryrun job share the host, so they compete for the same cores.
@@ -180,10 +194,13 @@ struct Job {
     rt.barrier();
   }
 
-  std::unique_ptr<Lane> lane(int t) {
+  // Thread t's lane; it talks on channel t unless told otherwise (and then receives from that
+  // channel's inbox, shared with whoever else uses it).
+  std::unique_ptr<Lane> lane(int t, int channel = -1) {
+    if (channel < 0) channel = t;
     const int peer = rt.rank() == 0 ? 1 : 0;
-    return std::unique_ptr<Lane>(new Lane{rt, rt.device(t % devices), *inboxes[static_cast<std::size_t>(t)], t, peer,
-                                          yield, {}, 0});
+    return std::unique_ptr<Lane>(new Lane{rt, rt.device(t % devices), *inboxes[static_cast<std::size_t>(channel)], t,
+                                          channel, peer, yield, {}, 0});
   }
 
   json base(const char* bench_name, std::int64_t size) {
@@ -193,6 +210,7 @@ struct Job {
                 {"devices", devices},
                 {"provider", rt.provider()},
                 {"ranks", rt.size()},
+                {"lock_model", rt.config_value("lock_model")},
                 {"eager_limit", rt.device(0).eager_limit()},
                 {"yield", yield},
                 {"ferry_version", ferry::version()}};
@@ -243,8 +261,8 @@ bool require_two_ranks(const ferry::Runtime& rt, const char* sub) {
 
 // ---- pingpong ---------------------------------------------------------------------------
 
-int run_pingpong(const bench::PingpongArgs& a, int threads, int devices) {
-  Job job(threads, devices);
+int run_pingpong(const bench::PingpongArgs& a, int threads, int devices, const std::string& lock_model) {
+  Job job(threads, devices, lock_model);
   ferry::Runtime& rt = job.rt;
   if (!require_two_ranks(rt, "pingpong")) {
     rt.finalize();
@@ -322,9 +340,10 @@ int run_pingpong(const bench::PingpongArgs& a, int threads, int devices) {
       bench::print_json(j);
     } else {
       std::printf(
-          "pingpong  size %lld B  threads %d  devices %d  provider %s  ranks %d: half round trip %.3f us "
+          "pingpong  size %lld B  threads %d  devices %d  lock %s  provider %s  ranks %d: half round trip %.3f us "
           "(median of %lld x %lld iters; mean %.3f, min %.3f, max %.3f)\n",
-          static_cast<long long>(a.size), threads, job.devices, rt.provider().c_str(), rt.size(), med,
+          static_cast<long long>(a.size), threads, job.devices, rt.config_value("lock_model").c_str(),
+          rt.provider().c_str(), rt.size(), med,
           static_cast<long long>(reps), static_cast<long long>(a.iters / reps), avg, lo, hi);
       std::fflush(stdout);
     }
@@ -335,8 +354,8 @@ int run_pingpong(const bench::PingpongArgs& a, int threads, int devices) {
 
 // ---- msgrate ----------------------------------------------------------------------------
 
-int run_msgrate(const bench::MsgrateArgs& a, int threads, int devices) {
-  Job job(threads, devices);
+int run_msgrate(const bench::MsgrateArgs& a, int threads, int devices, const std::string& lock_model) {
+  Job job(threads, devices, lock_model);
   ferry::Runtime& rt = job.rt;
   if (!require_two_ranks(rt, "msgrate")) {
     rt.finalize();
@@ -408,11 +427,299 @@ int run_msgrate(const bench::MsgrateArgs& a, int threads, int devices) {
       bench::print_json(j);
     } else {
       std::printf(
-          "msgrate   size %lld B  threads %d  devices %d  provider %s  ranks %d: %.0f msgs/s (%.2f MB/s; %lld "
-          "messages in windows of %lld, %.3f s)\n",
-          static_cast<long long>(a.size), threads, job.devices, rt.provider().c_str(), rt.size(), rate,
+          "msgrate   size %lld B  threads %d  devices %d  lock %s  provider %s  ranks %d: %.0f msgs/s (%.2f MB/s; "
+          "%lld messages in windows of %lld, %.3f s)\n",
+          static_cast<long long>(a.size), threads, job.devices, rt.config_value("lock_model").c_str(),
+          rt.provider().c_str(), rt.size(), rate,
           rate * static_cast<double>(size) / 1e6, static_cast<long long>(a.count * threads),
           static_cast<long long>(window), secs);
+      std::fflush(stdout);
+    }
+  }
+  rt.finalize();
+  return 0;
+}
+
+// ---- contention -------------------------------------------------------------------------
+//
+// Paper 002's micro-benchmarks: the threads of a rank share ONE device and all do the same
+// thing at once, so the rate shows how the device's lock model (--lock-model, else
+// FERRY_LOCK_MODEL) copes with contention.
+//   send  T threads on rank 0 each stream active messages to their own receiving thread
+//         (and inbox) on rank 1, which acknowledges every window;
+//   recv  one thread on rank 0 streams count x T messages into one inbox on rank 1, where T
+//         threads progress the device and pop that inbox at once;
+//   put   T threads on rank 0 each put into their own slot of a region on rank 1, waiting for
+//         the local completions of each window; one thread on rank 1 progresses.
+
+enum class Pattern { send, recv, put };
+
+Pattern parse_pattern(const std::string& name) {
+  if (name == "recv") return Pattern::recv;
+  if (name == "put") return Pattern::put;
+  return Pattern::send;  // the command line admits only send, recv and put
+}
+
+// The sender keeps at most this many windows unacknowledged: never more than the receiver's
+// packets can hold, and the pipe does not drain while an acknowledgement travels back.
+constexpr std::int64_t kWindowsInFlight = 2;
+constexpr std::size_t kAckSize = 8;
+
+std::int64_t windows_of(std::int64_t n, std::int64_t window) { return (n + window - 1) / window; }
+
+// Sends n messages in windows of `window` (the last may be shorter); every window is
+// acknowledged by one 8-byte message on the same channel.
+void stream(Lane& lane, const unsigned char* buf, std::size_t size, std::int64_t n, std::int64_t window) {
+  const std::int64_t windows = windows_of(n, window);
+  std::int64_t acked = 0;
+  for (std::int64_t w = 0, sent = 0; w < windows; ++w) {
+    for (; acked + kWindowsInFlight <= w; ++acked) lane.receive(kAckSize, false);
+    const std::int64_t k = std::min(window, n - sent);
+    for (std::int64_t i = 0; i < k; ++i) lane.send(buf, size);
+    sent += k;
+  }
+  for (; acked < windows; ++acked) lane.receive(kAckSize, false);
+}
+
+// The receiving side of stream() on a channel of its own.
+void drain(Lane& lane, std::size_t size, std::int64_t n, std::int64_t window, const unsigned char* ack) {
+  for (std::int64_t done = 0; done < n;) {
+    const std::int64_t k = std::min(window, n - done);
+    for (std::int64_t i = 0; i < k; ++i) lane.receive(size, done == 0 && i == 0);
+    lane.send(ack, kAckSize);
+    done += k;
+  }
+}
+
+// The receiving side of stream() shared by several threads: all pop one inbox, and whoever pops
+// the message that completes a window acknowledges it. The sender only counts acknowledgements,
+// so two of them overtaking each other is harmless. `total` covers every phase; phases are
+// whole windows except the last, so windows end at multiples of `window` and at `total`.
+void drain_shared(Lane& lane, std::size_t size, std::int64_t total, std::int64_t window,
+                  std::atomic<std::int64_t>& popped, const unsigned char* ack) {
+  // relaxed: the count only decides who acknowledges and when to stop; the messages
+  // themselves were handed over by the queue.
+  while (popped.load(std::memory_order_relaxed) < total) {
+    if (auto c = lane.inbox.pop()) {
+      lane.validate(*c, size, false);
+      const std::int64_t n = popped.fetch_add(1, std::memory_order_relaxed) + 1;
+      if (n % window == 0 || n == total) lane.send(ack, kAckSize);
+    } else {
+      lane.poll();
+    }
+  }
+}
+
+// Puts n times into this lane's slot, waiting for the local completions of the posted ones
+// after every window (puts up to the provider's inject size are done at once and wait for
+// nothing). Then an 8-byte active message to rank 1's one inbox, tagged with this lane's
+// channel, which rank 1 acknowledges: the phase ends when rank 1 has heard from this thread.
+// With `notify` the end is a notifying put of the slot instead (one operation; but see
+// bench/README.md: on shm, with several threads putting, it can crash the target).
+void put_phase(Lane& lane, ferry::PutArgs args, std::int64_t n, std::int64_t window, const unsigned char* flush,
+               bool notify) {
+  auto post = [&lane](const ferry::PutArgs& a) {
+    ferry::Status s;
+    while ((s = lane.dev.post_put(a)).is_retry()) lane.poll();
+    if (s.is_posted()) ++lane.posted;
+  };
+  for (std::int64_t done = 0; done < n;) {
+    const std::int64_t k = std::min(window, n - done);
+    for (std::int64_t i = 0; i < k; ++i) post(args);
+    lane.wait_sends();
+    done += k;
+  }
+  if (notify) {
+    args.notify = true;
+    args.notify_target = ferry::RemoteTarget{static_cast<std::uint16_t>(Lane::target_id(0))};
+    args.notify_tag = static_cast<ferry::Tag>(lane.channel);
+    post(args);
+    lane.wait_sends();
+  } else {
+    lane.send_on(0, lane.channel, flush, kAckSize);
+  }
+  lane.receive(kAckSize, false);
+}
+
+// Rank 1 of `put`: answers `expected` end-of-phase messages (or notifying puts of `size`
+// bytes), each with an acknowledgement to the writer's inbox.
+void serve_puts(Lane& lane, int writers, std::int64_t expected, bool notify, std::size_t size) {
+  for (std::int64_t seen = 0; seen < expected;) {
+    auto c = lane.inbox.pop();
+    if (!c) {
+      lane.poll();
+      continue;
+    }
+    const int writer = static_cast<int>(c->tag);
+    if (!c->ok()) throw std::runtime_error("rank 1: an end-of-puts message failed: " + c->error_string());
+    const bool good = notify ? c->op == ferry::OpKind::remote_put && c->size == size
+                             : c->op == ferry::OpKind::remote_am && c->size == kAckSize &&
+                                   bench::check_ends(static_cast<const unsigned char*>(c->buffer.data()), kAckSize,
+                                                     lane.peer, writer);
+    if (!good || c->rank != lane.peer || writer >= writers) {
+      throw std::runtime_error("rank 1: expected an end-of-puts message from rank " + std::to_string(lane.peer) +
+                               " with tag < " + std::to_string(writers) + ", got op " + ferry::to_string(c->op) +
+                               " rank " + std::to_string(c->rank) + " tag " + std::to_string(c->tag) + " size " +
+                               std::to_string(c->size));
+    }
+    unsigned char ack[kAckSize];
+    bench::fill_pattern(ack, kAckSize, lane.rt.rank(), writer);
+    lane.send_on(writer, writer, ack, kAckSize);
+    ++seen;
+  }
+}
+
+// Rank 1 of `put`, at the end: every writer's slot holds its pattern. libfabric does not order
+// a put before a later message in general, so late puts get a moment (with progress) to land.
+void check_put_slots(Lane& lane, const unsigned char* region, std::size_t slot, std::size_t size, int writers) {
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  for (int w = 0; w < writers; ++w) {
+    const unsigned char* p = region + static_cast<std::size_t>(w) * slot;
+    long long bad;
+    while ((bad = bench::check_pattern(p, size, lane.peer, w)) >= 0) {
+      if (Clock::now() > deadline) {
+        throw std::runtime_error("rank 1: byte " + std::to_string(bad) + " of thread " + std::to_string(w) +
+                                 "'s put slot is wrong");
+      }
+      lane.poll();
+    }
+  }
+}
+
+int run_contention(const bench::ContentionArgs& a, int threads, const std::string& lock_model) {
+  Job job(threads, 1, lock_model);
+  ferry::Runtime& rt = job.rt;
+  if (!require_two_ranks(rt, "contention")) {
+    rt.finalize();
+    return bench::exit_usage;
+  }
+  const Pattern pattern = parse_pattern(a.pattern);
+  const int rank = rt.rank();
+  const auto size = static_cast<std::size_t>(a.size);
+  const std::int64_t window = a.window;
+  // Whole windows, so that the shared receivers of `recv` find a window's end at every multiple.
+  const std::int64_t warmup = windows_of(a.warmup < 0 ? window : a.warmup, window) * window;
+  const int senders = pattern == Pattern::recv ? 1 : threads;
+  const int receivers = pattern == Pattern::put ? 1 : threads;
+  const std::int64_t total = a.count * threads;
+  // Both ranks' threads share the host's cores (see Job), and here the two sides differ.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  job.yield = static_cast<unsigned>(senders + receivers) > cores;
+
+  // put: rank 1's region, one slot per writer, its key published through the bootstrap.
+  const std::size_t slot = std::max<std::size_t>(size, 1);
+  std::vector<unsigned char> region;
+  ferry::MemoryRegion mr;
+  ferry::RemoteKey key;
+  if (pattern == Pattern::put) {
+    if (rank == 1) {
+      region.assign(slot * static_cast<std::size_t>(threads), 0);
+      mr = rt.device(0).register_memory(region.data(), region.size());
+      key = mr.remote_key();
+      rt.kv_put("ferry-bench-put-key", std::string(reinterpret_cast<const char*>(&key), sizeof key));
+    }
+    rt.kv_fence();
+    if (rank == 0) {
+      const std::string bytes = rt.kv_get(1, "ferry-bench-put-key");
+      std::memcpy(&key, bytes.data(), sizeof key);
+    }
+  }
+
+  std::vector<Clock::time_point> starts(static_cast<std::size_t>(senders));
+  std::vector<Clock::time_point> ends(static_cast<std::size_t>(senders));
+  std::barrier start_line(senders);
+  std::atomic<std::int64_t> popped{0};
+
+  if (rank <= 1) {
+    run_threads(rank == 0 ? senders : receivers, [&](int t) {
+      // Every buffer is made here, before the timed loops, which allocate nothing.
+      std::vector<unsigned char> buf(slot);
+      bench::fill_pattern(buf.data(), size, rank, t);
+      unsigned char ack[kAckSize];
+      bench::fill_pattern(ack, kAckSize, rank, pattern == Pattern::recv ? 0 : t);
+      const auto ti = static_cast<std::size_t>(t);
+      if (rank == 0) {
+        auto lane = job.lane(t);
+        ferry::PutArgs put;
+        put.rank = lane->peer;
+        put.buffer = buf.data();
+        put.size = size;
+        put.remote = key;
+        put.offset = ti * slot;
+        put.local = &lane->sent;
+        const std::int64_t n = pattern == Pattern::recv ? total : a.count;
+        auto phase = [&](std::int64_t k) {
+          if (pattern == Pattern::put) {
+            if (k > 0) put_phase(*lane, put, k, window, ack, a.notify);
+          } else {
+            stream(*lane, buf.data(), size, k, window);
+          }
+        };
+        phase(warmup);
+        start_line.arrive_and_wait();
+        starts[ti] = Clock::now();
+        phase(n);
+        ends[ti] = Clock::now();
+        lane->wait_sends();
+      } else if (pattern == Pattern::send) {
+        auto lane = job.lane(t);
+        drain(*lane, size, warmup, window, ack);
+        drain(*lane, size, a.count, window, ack);
+        lane->wait_sends();
+      } else if (pattern == Pattern::recv) {
+        auto lane = job.lane(t, 0);
+        drain_shared(*lane, size, warmup + total, window, popped, ack);
+        lane->wait_sends();
+      } else {
+        auto lane = job.lane(t, 0);
+        serve_puts(*lane, threads, threads * (warmup > 0 ? 2 : 1), a.notify, size);
+        check_put_slots(*lane, region.data(), slot, size, threads);
+        lane->wait_sends();
+      }
+    });
+  }
+  if (g_failed.load()) die(&rt, g_error);
+
+  // What the lock model did on each side (deferred and combined calls), through the bootstrap.
+  rt.barrier();
+  const ferry::DeviceStats mine = rt.device(0).stats();
+  rt.kv_put("ferry-bench-stats", std::to_string(mine.deferred) + " " + std::to_string(mine.combined) + " " +
+                                     std::to_string(mine.max_combined_batch));
+  rt.kv_fence();
+
+  if (rank == 0) {
+    unsigned long long d1 = 0, c1 = 0, b1 = 0;
+    const std::string theirs = rt.kv_get(1, "ferry-bench-stats");
+    if (std::sscanf(theirs.c_str(), "%llu %llu %llu", &d1, &c1, &b1) != 3) die(&rt, "bad statistics from rank 1");
+    const auto first = *std::min_element(starts.begin(), starts.end());
+    const auto last = *std::max_element(ends.begin(), ends.end());
+    const double secs = std::chrono::duration<double>(last - first).count();
+    const double rate = static_cast<double>(total) / secs;
+    const std::string model = rt.config_value("lock_model");
+    if (a.json) {
+      json j = job.base("contention", a.size);
+      j["pattern"] = a.pattern;
+      if (pattern == Pattern::put) j["notify"] = a.notify;
+      j["senders"] = senders;
+      j["receivers"] = receivers;
+      j["count"] = a.count;
+      j["window"] = window;
+      j["warmup"] = warmup;
+      j["total_messages"] = total;
+      j["seconds"] = secs;
+      j["msgs_per_s"] = rate;
+      j["mbytes_per_s"] = rate * static_cast<double>(size) / 1e6;
+      j["deferred"] = {mine.deferred, d1};
+      j["combined"] = {mine.combined, c1};
+      j["max_combined_batch"] = {mine.max_combined_batch, b1};
+      bench::print_json(j);
+    } else {
+      std::printf(
+          "contention %-4s  lock %-8s  threads %d (%d sending, %d receiving)  size %lld B  provider %s: %.0f msgs/s "
+          "(%lld messages in windows of %lld, %.3f s; deferred %llu/%llu, combined %llu/%llu on rank 0/1)\n",
+          a.pattern.c_str(), model.c_str(), threads, senders, receivers, static_cast<long long>(a.size),
+          rt.provider().c_str(), rate, static_cast<long long>(total), static_cast<long long>(window), secs,
+          static_cast<unsigned long long>(mine.deferred), d1, static_cast<unsigned long long>(mine.combined), c1);
       std::fflush(stdout);
     }
   }
@@ -498,7 +805,8 @@ int run_cq(std::int64_t ops, int threads, bool as_json, ferry::QueueKind kind) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ferry-bench: ferry's active-message latency and message rate, and completion queue speed"};
+  CLI::App app{"ferry-bench: ferry's active-message latency and message rate, alone and under contention, and "
+               "completion queue speed"};
   app.name("ferry-bench");
   app.require_subcommand(1);
 
@@ -513,12 +821,19 @@ int main(int argc, char** argv) {
         ->check(bench::integer_in(1, 256));
   };
 
+  std::string lock_model;  // empty: FERRY_LOCK_MODEL, else ferry's default
+  auto add_lock_model = [&](CLI::App* sub) {
+    sub->add_option("--lock-model", lock_model, "device thread safety (default: FERRY_LOCK_MODEL, else lockless)")
+        ->check(CLI::IsMember(bench::lock_models));
+  };
+
   bench::PingpongArgs pp;
   CLI::App* pingpong = app.add_subcommand(
       "pingpong", "rank 0 and 1 bounce an active message of --size bytes; prints the half round trip time");
   bench::add_pingpong_options(pingpong, pp);
   add_threads(pingpong);
   add_devices(pingpong);
+  add_lock_model(pingpong);
 
   bench::MsgrateArgs mr;
   CLI::App* msgrate = app.add_subcommand(
@@ -526,6 +841,14 @@ int main(int argc, char** argv) {
   bench::add_msgrate_options(msgrate, mr);
   add_threads(msgrate);
   add_devices(msgrate);
+  add_lock_model(msgrate);
+
+  bench::ContentionArgs ct;
+  CLI::App* contention = app.add_subcommand(
+      "contention", "the threads of each rank share one device and all send, all receive or all put; prints msgs/s");
+  bench::add_contention_options(contention, ct);
+  add_threads(contention);
+  add_lock_model(contention);
 
   std::int64_t ops = 1000000;
   bool cq_json = false;
@@ -545,8 +868,9 @@ int main(int argc, char** argv) {
   if (const int code = bench::parse_or_exit_code(app, argc, argv, quiet); code >= 0) return code;
 
   try {
-    if (pingpong->parsed()) return run_pingpong(pp, threads, devices);
-    if (msgrate->parsed()) return run_msgrate(mr, threads, devices);
+    if (pingpong->parsed()) return run_pingpong(pp, threads, devices, lock_model);
+    if (msgrate->parsed()) return run_msgrate(mr, threads, devices, lock_model);
+    if (contention->parsed()) return run_contention(ct, threads, lock_model);
     if (cq->parsed()) {
       ferry::QueueKind kind = ferry::QueueKind::default_kind;
       for (const ferry::QueueKind k :
