@@ -6,6 +6,9 @@
 // locality (the Blob received zero-copy is passed on as it is: no copy, no new allocation).
 //   flood   (message rate): nsteps = 1, very many chains — every chain is one parcel;
 //   latency (ping-pong-like): many steps, few chains — time per hop with `nchains` in flight.
+// With --task-us U every hop's task first computes (busy-spins) for U microseconds: workers are
+// busy when parcels arrive, which is what the device-polling and progress-stealing policies
+// (paper 001 §5.2, paper 004) are about.
 //
 // Termination needs no global protocol: each locality knows how many chains end on it (the
 // parity of nsteps decides), counts them, and when all have ended tells locality 0 with one
@@ -42,6 +45,7 @@ struct Args {
   std::int64_t batch_size = 64;
   std::int64_t devices = 0;
   std::int64_t warmup = 16;
+  std::int64_t task_us = 0;
   bool single_source = false;
   bool pin = false;
   bool json = false;
@@ -78,6 +82,16 @@ bool is_rank_zero_by_env() {
   return true;
 }
 
+// Keeps the worker's core busy for `us` microseconds, as a compute task would. Not a sleep: a
+// sleeping worker would let the OS run another worker (or the progress thread) in its place,
+// and the busy worker would not look busy to the core or to the steal policy's owner counts.
+void compute_for(std::int64_t us) {
+  if (us <= 0) return;
+  const auto until = Clock::now() + std::chrono::microseconds(us);
+  while (Clock::now() < until) {
+  }
+}
+
 // Cheap integrity check: the first and last byte of a chain's payload are a function of the
 // chain id, stamped when the chain starts and checked where it ends (after nsteps transfers).
 std::uint8_t tag(std::uint64_t chain, int which) {
@@ -103,6 +117,7 @@ struct Bench {
   ferry::amt::Runtime* rt = nullptr;
   int me = 0, peer = 1;
   std::uint64_t nchains = 0, nsteps = 0, nbytes = 0, batch = 1;
+  std::int64_t task_us = 0;  // compute per hop task
   std::uint64_t first_on_1 = 0;  // chains [0, first_on_1) start on locality 0, the rest on 1
   std::uint64_t ends_here = 0;
 
@@ -191,6 +206,9 @@ int main(int argc, char** argv) {
   app.add_option("--parcelport", a.parcelport, "ferry, mpi, mpi_a, mpix (default: FERRY_PARCELPORT, else ferry)");
   app.add_option("--devices", a.devices, "ferry devices / mpix communicators (0: default)")->check(integer_in(0, 1024));
   app.add_option("--warmup", a.warmup, "untimed nbytes round trips before the start")->check(integer_in(0, 1ll << 30));
+  // Up to 10 s per task: more is surely a typo (a chain of 100 hops would take over 15 minutes).
+  app.add_option("--task-us", a.task_us, "microseconds each hop's task computes (busy-spins) before forwarding")
+      ->check(integer_in(0, 10'000'000));
   app.add_flag("--single-source", a.single_source, "all chains start on locality 0 (default: half on each)");
   app.add_flag("--pin", a.pin, "pin worker i to core i % cores");
   app.add_flag("--json", a.json, "one JSON object per run (locality 0)");
@@ -237,11 +255,13 @@ int main(int argc, char** argv) {
     b.nsteps = static_cast<std::uint64_t>(a.nsteps);
     b.nbytes = static_cast<std::uint64_t>(a.nbytes);
     b.batch = static_cast<std::uint64_t>(a.batch_size);
+    b.task_us = a.task_us;
     b.first_on_1 = a.single_source ? b.nchains : (b.nchains + 1) / 2;
     const std::uint64_t starts_here = b.me == 0 ? b.first_on_1 : b.nchains - b.first_on_1;
     b.ends_here = b.nsteps % 2 == 1 ? b.nchains - starts_here : starts_here;
 
     b.hop = rt.action("chains.hop", [](std::uint64_t chain, std::uint32_t left, Blob payload) {
+      compute_for(b.task_us);  // every hop's task, the last one too: each hop costs the same
       if (left == 0) {
         b.chain_ended(chain, payload);
       } else {
@@ -296,6 +316,7 @@ int main(int argc, char** argv) {
                           {"devices", a.devices},
                           {"pin", a.pin},
                           {"warmup", a.warmup},
+                          {"task_us", a.task_us},
                           {"messages", b.nchains * b.nsteps},
                           {"time_s", time_s},
                           {"latency_us", latency_us},
@@ -304,11 +325,12 @@ int main(int argc, char** argv) {
                           {"errors", errors}};
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("chains %s: %llu chains x %llu steps, %llu B, %d threads%s: %.4f s, %.3f us/hop, %.0f msg/s per locality, "
+      std::printf("chains %s: %llu chains x %llu steps, %llu B, %d threads%s%s: %.4f s, %.3f us/hop, %.0f msg/s per locality, "
                   "%llu errors\n",
                   rt.parcelport().c_str(), static_cast<unsigned long long>(b.nchains),
                   static_cast<unsigned long long>(b.nsteps), static_cast<unsigned long long>(b.nbytes), rt.threads(),
-                  a.single_source ? ", single source" : "", time_s, latency_us, msg_rate,
+                  a.single_source ? ", single source" : "",
+                  a.task_us > 0 ? (", " + std::to_string(a.task_us) + " us per task").c_str() : "", time_s, latency_us, msg_rate,
                   static_cast<unsigned long long>(errors));
     }
     std::fflush(stdout);
