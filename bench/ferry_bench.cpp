@@ -80,7 +80,7 @@ struct Lane {
   int peer;
   // With more busy threads than cores, a spinning thread can starve the one that would make
   // progress; yielding on an empty poll then costs far less than it saves. With enough cores
-  // it only adds a system call to the latency, so it is off.
+  // it only adds a system call to the latency, so by default it is off (see decide_yield).
   bool yield;
   Counter sent;
   std::uint64_t posted = 0;
@@ -161,6 +161,16 @@ struct Lane {
   static int target_id(int channel) { return 1 + channel; }
 };
 
+// Whether waiting threads yield after an empty poll. `auto`: when the benchmark's own busy
+// threads (all ranks share the host) outnumber the cores. `on` also covers a machine that
+// other work keeps busy: a spinning waiter there can hold a core for a whole time slice while
+// the thread it waits for is not running. `off` never yields.
+bool decide_yield(const std::string& mode, unsigned busy_threads) {
+  if (mode == "on") return true;
+  if (mode == "off") return false;
+  return busy_threads > std::max(1u, std::thread::hardware_concurrency());
+}
+
 // (A designated initializer would do, but GCC's -Wextra flags the fields it leaves out.)
 // An empty lock model leaves FERRY_LOCK_MODEL (or the default) in force.
 ferry::RuntimeOptions runtime_options(int devices, const std::string& lock_model) {
@@ -179,12 +189,11 @@ struct Job {
   std::vector<std::unique_ptr<ferry::CompletionQueue>> inboxes;
   std::vector<ferry::Exposure> exposures;
 
-  Job(int threads_, int devices_, const std::string& lock_model)
+  Job(int threads_, int devices_, const std::string& lock_model, const std::string& yield_mode)
       : rt(runtime_options(devices_, lock_model)), threads(threads_) {
     devices = rt.device_count();
-    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     // All ranks of a ferryrun job share the host, so they compete for the same cores.
-    yield = static_cast<unsigned>(threads) * static_cast<unsigned>(rt.size()) > cores;
+    yield = decide_yield(yield_mode, static_cast<unsigned>(threads) * static_cast<unsigned>(rt.size()));
     for (int t = 0; t < threads; ++t) {
       inboxes.push_back(std::make_unique<ferry::CompletionQueue>());
       exposures.push_back(rt.expose(*inboxes.back(), static_cast<std::uint16_t>(Lane::target_id(t))));
@@ -261,8 +270,9 @@ bool require_two_ranks(const ferry::Runtime& rt, const char* sub) {
 
 // ---- pingpong ---------------------------------------------------------------------------
 
-int run_pingpong(const bench::PingpongArgs& a, int threads, int devices, const std::string& lock_model) {
-  Job job(threads, devices, lock_model);
+int run_pingpong(const bench::PingpongArgs& a, int threads, int devices, const std::string& lock_model,
+                 const std::string& yield_mode) {
+  Job job(threads, devices, lock_model, yield_mode);
   ferry::Runtime& rt = job.rt;
   if (!require_two_ranks(rt, "pingpong")) {
     rt.finalize();
@@ -354,8 +364,9 @@ int run_pingpong(const bench::PingpongArgs& a, int threads, int devices, const s
 
 // ---- msgrate ----------------------------------------------------------------------------
 
-int run_msgrate(const bench::MsgrateArgs& a, int threads, int devices, const std::string& lock_model) {
-  Job job(threads, devices, lock_model);
+int run_msgrate(const bench::MsgrateArgs& a, int threads, int devices, const std::string& lock_model,
+                 const std::string& yield_mode) {
+  Job job(threads, devices, lock_model, yield_mode);
   ferry::Runtime& rt = job.rt;
   if (!require_two_ranks(rt, "msgrate")) {
     rt.finalize();
@@ -586,8 +597,9 @@ void check_put_slots(Lane& lane, const unsigned char* region, std::size_t slot, 
   }
 }
 
-int run_contention(const bench::ContentionArgs& a, int threads, const std::string& lock_model) {
-  Job job(threads, 1, lock_model);
+int run_contention(const bench::ContentionArgs& a, int threads, const std::string& lock_model,
+                   const std::string& yield_mode) {
+  Job job(threads, 1, lock_model, yield_mode);
   ferry::Runtime& rt = job.rt;
   if (!require_two_ranks(rt, "contention")) {
     rt.finalize();
@@ -603,8 +615,7 @@ int run_contention(const bench::ContentionArgs& a, int threads, const std::strin
   const int receivers = pattern == Pattern::put ? 1 : threads;
   const std::int64_t total = a.count * threads;
   // Both ranks' threads share the host's cores (see Job), and here the two sides differ.
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  job.yield = static_cast<unsigned>(senders + receivers) > cores;
+  job.yield = decide_yield(yield_mode, static_cast<unsigned>(senders + receivers));
 
   // put: rank 1's region, one slot per writer, its key published through the bootstrap.
   const std::size_t slot = std::max<std::size_t>(size, 1);
@@ -733,14 +744,13 @@ int run_contention(const bench::ContentionArgs& a, int threads, const std::strin
 // pushed at least as many as it popped, so the queue is never empty for a thread about to pop
 // for longer than a sibling's push takes; the benchmark cannot deadlock whatever the thread
 // count, and it measures the queue under contention on both ends at once.
-int run_cq(std::int64_t ops, int threads, bool as_json, ferry::QueueKind kind) {
+int run_cq(std::int64_t ops, int threads, bool as_json, ferry::QueueKind kind, const std::string& yield_mode) {
   ferry::Runtime rt;
   if (kind == ferry::QueueKind::default_kind) kind = ferry::default_queue_kind();
   ferry::CompletionQueueOptions queue_options;
   queue_options.kind = kind;
   ferry::CompletionQueue queue(queue_options);
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const bool yield = static_cast<unsigned>(threads) * static_cast<unsigned>(rt.size()) > cores;
+  const bool yield = decide_yield(yield_mode, static_cast<unsigned>(threads) * static_cast<unsigned>(rt.size()));
   std::vector<Clock::time_point> starts(static_cast<std::size_t>(threads));
   std::vector<Clock::time_point> ends(static_cast<std::size_t>(threads));
   std::atomic<std::int64_t> popped{0};
@@ -822,6 +832,12 @@ int main(int argc, char** argv) {
   };
 
   std::string lock_model;  // empty: FERRY_LOCK_MODEL, else ferry's default
+  std::string yield_mode = "auto";
+  auto add_yield = [&](CLI::App* sub) {
+    sub->add_option("--yield", yield_mode,
+                    "waiting threads yield after an empty poll: auto (when busy threads outnumber the cores), on, off")
+        ->check(CLI::IsMember({"auto", "on", "off"}));
+  };
   auto add_lock_model = [&](CLI::App* sub) {
     sub->add_option("--lock-model", lock_model, "device thread safety (default: FERRY_LOCK_MODEL, else lockless)")
         ->check(CLI::IsMember(bench::lock_models));
@@ -834,6 +850,7 @@ int main(int argc, char** argv) {
   add_threads(pingpong);
   add_devices(pingpong);
   add_lock_model(pingpong);
+  add_yield(pingpong);
 
   bench::MsgrateArgs mr;
   CLI::App* msgrate = app.add_subcommand(
@@ -842,6 +859,7 @@ int main(int argc, char** argv) {
   add_threads(msgrate);
   add_devices(msgrate);
   add_lock_model(msgrate);
+  add_yield(msgrate);
 
   bench::ContentionArgs ct;
   CLI::App* contention = app.add_subcommand(
@@ -849,6 +867,7 @@ int main(int argc, char** argv) {
   bench::add_contention_options(contention, ct);
   add_threads(contention);
   add_lock_model(contention);
+  add_yield(contention);
 
   std::int64_t ops = 1000000;
   bool cq_json = false;
@@ -857,6 +876,7 @@ int main(int argc, char** argv) {
   cq->add_option("--ops", ops, "completions each thread pushes and pops")
       ->check(bench::integer_in(1, bench::max_count));
   add_threads(cq);
+  add_yield(cq);
   std::string cq_queue = "default";
   cq->add_option("--queue", cq_queue, "queue algorithm: ring, faa, ms, lock; default: FERRY_COMPLETION's")
       ->check(CLI::IsMember({"default", "ring", "faa", "ms", "lock"}));
@@ -868,16 +888,16 @@ int main(int argc, char** argv) {
   if (const int code = bench::parse_or_exit_code(app, argc, argv, quiet); code >= 0) return code;
 
   try {
-    if (pingpong->parsed()) return run_pingpong(pp, threads, devices, lock_model);
-    if (msgrate->parsed()) return run_msgrate(mr, threads, devices, lock_model);
-    if (contention->parsed()) return run_contention(ct, threads, lock_model);
+    if (pingpong->parsed()) return run_pingpong(pp, threads, devices, lock_model, yield_mode);
+    if (msgrate->parsed()) return run_msgrate(mr, threads, devices, lock_model, yield_mode);
+    if (contention->parsed()) return run_contention(ct, threads, lock_model, yield_mode);
     if (cq->parsed()) {
       ferry::QueueKind kind = ferry::QueueKind::default_kind;
       for (const ferry::QueueKind k :
            {ferry::QueueKind::ring, ferry::QueueKind::faa, ferry::QueueKind::ms, ferry::QueueKind::lock}) {
         if (cq_queue == ferry::to_string(k)) kind = k;
       }
-      return run_cq(ops, threads, cq_json, kind);
+      return run_cq(ops, threads, cq_json, kind, yield_mode);
     }
   } catch (const std::exception& e) {
     die(nullptr, e.what());
