@@ -546,7 +546,7 @@ def git_commit():
                               text=True, timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
-        return head + ("+changes" if dirty else "")
+        return (head + ("+changes" if dirty else "")) if head else "?"
     except (OSError, subprocess.SubprocessError):
         return "?"
 
