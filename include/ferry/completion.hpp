@@ -35,7 +35,10 @@ enum class OpKind : std::uint8_t { am, send, recv, put, get, remote_put, remote_
 const char* to_string(OpKind kind) noexcept;
 
 // A buffer ferry hands to the caller, who then owns it (the payload of an active message).
-// Move-only; returns its memory to ferry (or frees it) when destroyed.
+// Move-only; returns its memory to ferry (or frees it) when destroyed. An eager payload
+// normally stays in the device's receive packet until then (no copy); while the application
+// holds so many that the device could not keep its receives posted, ferry delivers further
+// payloads in heap memory instead, so a slow consumer never stalls its senders.
 class Buffer {
  public:
   using Release = void (*)(void* owner, void* data) noexcept;

@@ -41,6 +41,14 @@ void release_rts_payload(void* pool, void* payload) noexcept {
 
 void release_malloc(void*, void* data) noexcept { std::free(data); }
 
+// The payload of `b` in heap memory, b's own memory released; b itself if memory is short.
+[[gnu::cold, gnu::noinline]] Buffer copy_out(Buffer&& b) noexcept {
+  void* heap = std::malloc(b.size() != 0 ? b.size() : 1);
+  if (heap == nullptr) return std::move(b);
+  if (b.size() != 0) std::memcpy(heap, b.data(), b.size());
+  return Buffer(heap, b.size(), &release_malloc, nullptr);
+}
+
 void signal_local(CompletionObject* local, Completion&& c) noexcept {
   if (local != nullptr) local->signal(std::move(c));
 }
@@ -746,6 +754,12 @@ void DeviceImpl::on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src
       c.tag = h.tag;
       c.size = e.len - kHeader;
       c.buffer = Buffer(p->data() + kHeader, c.size, &release_am_payload, pool_.get());
+      // A delivered payload keeps its packet until the application drops it. When the
+      // application holds so many that the pool could not refill the posted receives, the
+      // payload moves to the heap and the packet returns at once: otherwise a receiver that is
+      // slow to consume (or is in finalize) would leave its device no receive buffers and every
+      // sender to it retrying forever. Rare by construction; the common case is one load.
+      if (__builtin_expect(pool_->available_approx() < config_.prepost, 0)) c.buffer = copy_out(std::move(c.buffer));
       runtime_.deliver(h.target, std::move(c));
       return;
     }
