@@ -199,10 +199,10 @@ TEST(Flood, ATinyPacketPoolPushesBackWithRetryAndLosesNothing) {
   rt().barrier();
 }
 
-// Several threads post to one device at once. Registered for 2 ranks (and every lock model):
-// at 4 ranks under ASan on 2 cores (16 spinning threads) one rank once received nothing from
-// its left neighbour within the wait; that case is not understood yet and is not run.
-// Whatever the lock model, each thread's
+// Several threads post to one device at once. While all of a rank's threads sit in their
+// retry loops nobody pops the inbox, so the received payloads pile up: this is also the test
+// that the device then moves payloads to the heap rather than run out of receive buffers
+// (a 4-rank ring under ASan deadlocked that way before). Whatever the lock model, each thread's
 // messages arrive in the order it posted them (one device, one destination), none is lost,
 // and a combining model never performs more than its bound in one pass.
 TEST(Stress, EachThreadsMessagesArriveInOrderUnderContention) {
