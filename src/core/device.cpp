@@ -1128,7 +1128,10 @@ bool DeviceImpl::progress() {
       const fi_cq_data_entry& e = entries[i];
       if ((e.flags & FI_REMOTE_CQ_DATA) != 0 && (e.flags & FI_REMOTE_WRITE) != 0) {
         on_notification(e, sources[i]);
-        if (e.op_context != nullptr) {  // FI_RX_CQ_DATA: the write consumed a posted receive
+        // Only under FI_RX_CQ_DATA does such a write consume a posted receive and carry its
+        // context; otherwise op_context is the provider's own value (shm reports message ids
+        // there) and must not be taken for a packet.
+        if (caps_.rx_cq_data && e.op_context != nullptr) {
           --posted_recvs_;
           pool_->put(reinterpret_cast<Packet*>(e.op_context));
         }
