@@ -117,11 +117,18 @@ def parse_args(argv):
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for every run (repeatable), e.g. FERRY_PROVIDER=tcp")
     p.add_argument("--extra-args", default="", help="appended to every ferry-chains command line, e.g. '--pin'")
+    p.add_argument("--ferry-devices", default=None,
+                   help="devices of the ferry parcelport: a number, or 'threads' (one per worker thread, each "
+                        "worker polling its own: paper 000 §5.5); default: the parcelport's (FERRY_DEVICES, "
+                        "else 1). Measured here: one per worker halves the 16 KiB latency at 1024 chains but "
+                        "raises the 1-chain latency (a hop waits for the worker owning its device)")
     p.add_argument("--replot", metavar="DIR", default=None,
                    help="no runs: rebuild points.csv, summary.md and the plots from DIR/raw.jsonl")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     a = p.parse_args(argv)
 
+    if a.ferry_devices not in (None, "threads") and not (a.ferry_devices.isdigit() and int(a.ferry_devices) >= 1):
+        p.error(f"--ferry-devices '{a.ferry_devices}': expected 'threads' or a number >= 1")
     q = a.quick
     a.reps = a.reps or (1 if q else 5)
     try:
@@ -178,6 +185,9 @@ def command(a, pp, args):
     template = (a.mpi_launch if family == "mpi" else a.ferry_launch) or LAUNCH[a.launcher][family]
     prog = str(Path(a.bin_dir) / "ferry-chains")
     full = [str(x) for x in args] + ["--batch-size", str(a.batch_size), "--parcelport", pp, "--json"]
+    if family == "ferry" and a.ferry_devices:
+        threads = str(args[args.index("--threads") + 1])
+        full += ["--devices", threads if a.ferry_devices == "threads" else a.ferry_devices]
     full += shlex.split(a.extra_args)
     out = []
     for tok in shlex.split(template):
@@ -549,6 +559,8 @@ def main(argv):
         f"- (b) latency: {a.lat_threads} threads per locality, nsteps = message budget "
         f"({a.lat_budget} / {a.lat_budget_zc} zero-copy) / chains, within [{a.min_steps}, {a.max_steps}]; "
         f"latency = run time / nsteps",
+        f"- ferry parcelport devices: "
+        f"{'one per worker thread' if a.ferry_devices == 'threads' else (a.ferry_devices or 'default')}",
         f"- best MPI = the better of {' and '.join(PAPER_MPI)} (the paper's two variants); mpix is compared "
         f"separately; ratios > 1 mean ferry is better",
         f"- environment: " + (", ".join(a.env) if a.env else "inherited") +
