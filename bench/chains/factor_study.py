@@ -693,9 +693,24 @@ def git_rev():
         return "unknown"
 
 
+def load_average():
+    """The 1-minute load average: on a shared machine it says how much else was running."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
 def study_info():
     return {"date": f"{datetime.datetime.now():%Y-%m-%d %H:%M}", "host": platform.node(), "cores": CORES,
-            "ferry": git_rev()}
+            "ferry": git_rev(), "load_start": load_average()}
+
+
+def load_note(info):
+    if info.get("load_start") is None:
+        return ""
+    end = f", {info['load_end']} at the end" if info.get("load_end") is not None else ""
+    return f" (1-minute load average {info['load_start']} at the start{end})"
 
 
 def header(a, argv, info):
@@ -713,7 +728,7 @@ def header(a, argv, info):
         f"- attentiveness: {','.join(map(str, a.att_chains))} chains x {a.att_steps} hops of 8 B, {a.task_us} us of "
         f"computation (busy-spinning) per task",
         "- the machine is shared and has few cores: absolute numbers are noisy; read the ratios, and the "
-        "min..max spread next to them",
+        "min..max spread next to them" + load_note(info),
     ] + ([f"- extra environment: {', '.join(a.env)}"] if a.env else []))
 
 
@@ -791,6 +806,8 @@ def main(argv):
     info = study_info()
     (out_dir / "study.json").write_text(json.dumps({"argv": argv, **info}, indent=1) + "\n")
     records = sweep(a, out_dir)
+    info["load_end"] = load_average()
+    (out_dir / "study.json").write_text(json.dumps({"argv": argv, **info}, indent=1) + "\n")
     bad = report(a, argv, info, records, out_dir)
     if bad:
         print(f"factor-study: {len(bad)} of {len(records)} runs FAILED:", flush=True)
