@@ -194,7 +194,7 @@ def build_families(max_devices, att_chains):
                "lockless", ["block", "try", "try_progress", "block_d2", "block_progress", "lockless"]),
         Family("devices", "Figure 9: devices, without and with coarse locks", "lockless_d1",
                [f"{k}_d{n}" for k in ("lockless", "trylock", "blocking") for n in devs]),
-        Family("locks", "Lock models (paper 002), one worker per core", "base",
+        Family("locks", "Lock models (paper 002), --threads workers per locality", "base",
                ["base", "trylock", "blocking", "lockq", "csync", "offload"]),
         Family("progress", "Progress strategies", "base", ["base", "implicit", "thread1", "lockless_d2", "steal"]),
         Family("oversubscribed", "Oversubscribed: 2 x the workers, normalised to the base at that count",
@@ -672,9 +672,14 @@ def plot_family(fam, rows, path):
     ax.set_xticks(range(nm))
     ax.set_xticklabels([METRICS[mk].label for mk in fam.metrics])
     positive_values = [v for v in values if v and v > 0]
-    # Orders of magnitude apart (a collapsing lock model next to 1.0): a log axis keeps both readable.
-    if positive_values and max(positive_values) / min(positive_values) > 20:
+    # Ratios far apart (a collapsing variant next to 1.0) read best on a log axis, labelled
+    # "0.5", "2" rather than matplotlib's "10^0".
+    if positive_values and max(positive_values) / min(positive_values) > 3:
+        from matplotlib import ticker
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
     ax.set_ylabel(f"performance relative to {fam.reference} (> 1 better)")
     ax.set_title(fam.title, fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
