@@ -29,14 +29,14 @@ import datetime
 import json
 import os
 import platform
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from benchkit import git_rev, int_list, positive, run_in_group  # noqa: E402
 LOCK_MODELS = ["lockless", "trylock", "block", "lockq", "csync", "offload"]
 PATTERNS = ["send", "recv", "put"]
 QUEUES = ["ring", "faa", "ms", "lock"]
@@ -52,16 +52,6 @@ RAW_FIELDS = ["rep", "kind", "variant", "pattern", "threads", "size", "status", 
               "wall_seconds", "load1", "deferred", "combined", "max_combined_batch", "yield", "error", "command"]
 
 
-def int_list(text):
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of integers")
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"'{text}' needs one or more integers >= 1")
-    return values
-
-
 def name_list(allowed):
     def parse(text):
         values = [x.strip() for x in text.split(",") if x.strip()]
@@ -72,23 +62,14 @@ def name_list(allowed):
     return parse
 
 
-def positive(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer")
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} must be at least 1")
-    return v
-
-
 def parse_args(argv):
     p = argparse.ArgumentParser(
         description="Thread-contention micro-benchmarks of ferry's lock models and completion queues (paper 002).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--reps", type=positive, default=None, help="runs per point, median reported (default 3; quick 1)")
     p.add_argument("--quick", action="store_true", help="one repetition, threads 1 and 8, small counts: under 2 minutes")
-    p.add_argument("--threads", type=int_list, default=None, help="thread counts (default 1,2,4,8; quick 1,8)")
+    p.add_argument("--threads", type=lambda t: int_list(t, minimum=1), default=None,
+                   help="thread counts (default 1,2,4,8; quick 1,8)")
     p.add_argument("--lock-models", type=name_list(LOCK_MODELS), default=LOCK_MODELS, help="comma-separated")
     p.add_argument("--patterns", type=name_list(PATTERNS), default=PATTERNS, help="comma-separated")
     p.add_argument("--queues", type=name_list(QUEUES), default=QUEUES, help="comma-separated")
@@ -169,31 +150,6 @@ def command(a, kind, variant, pattern, threads):
     return launch + ["cq", "--queue", variant, "--ops", str(a.cq_ops)] + t
 
 
-def run_one(cmd, env, timeout, cwd):
-    """Runs cmd in its own session; returns (rc, stdout, stderr, wall seconds). rc None: timed out.
-    cwd is the logs folder, so whatever a crashing run leaves behind lands there."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True, cwd=cwd)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        return proc.returncode, out, err, time.monotonic() - t0
-    except subprocess.TimeoutExpired:
-        # ferryrun's own --timeout should have fired first; this is the backstop. The whole
-        # session goes, so no rank is left behind holding shared memory.
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                out, err = proc.communicate(timeout=5)
-                break
-            except subprocess.TimeoutExpired:
-                out, err = "", ""
-        return None, out or "", (err or "") + f"\n(killed after {timeout} s)", time.monotonic() - t0
-
-
 def value_of(kind, result):
     if kind == "latency":
         return result["half_rtt_us"]
@@ -221,7 +177,7 @@ def sweep(a, out_dir):
             n += 1
             cmd = command(a, kind, variant, pattern, threads)
             load1 = os.getloadavg()[0]
-            rc, out, err, wall = run_one(cmd, env, a.timeout + 15, logs)
+            rc, out, err, wall = run_in_group(cmd, env, a.timeout + 15, logs)
             result = None
             for line in out.splitlines():
                 line = line.strip()
@@ -479,7 +435,7 @@ def checks(points, cores, stat="median"):
 
 def write_markdown(points, rows, meta, out_dir, pngs):
     cores = meta["cores"]
-    L = [f"# ferry micro-benchmarks: lock models under contention, completion queues", ""]
+    L = ["# ferry micro-benchmarks: lock models under contention, completion queues", ""]
     L.append(f"{meta['when']}, ferry {meta.get('ferry_version', '?')} (commit {meta.get('commit', '?')}), "
              f"{meta['host']}, {cores} cores, provider {meta.get('provider', '?')}; load average "
              f"{meta.get('load_start', '?')} at the start, {meta.get('load_end', '?')} at the end.")
@@ -549,17 +505,6 @@ def report(out_dir, rows, meta):
         log(line)
 
 
-def git_commit():
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return (head + ("+changes" if dirty else "")) if head else "?"
-    except (OSError, subprocess.SubprocessError):
-        return "?"
-
-
 def main(argv):
     a = parse_args(argv)
     if a.replot:
@@ -577,7 +522,7 @@ def main(argv):
     out_dir.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
     meta = {"when": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "host": platform.node(), "cores": cores,
-            "commit": git_commit(), "reps": a.reps, "threads": a.threads, "size": a.size, "window": a.window,
+            "commit": git_rev(), "reps": a.reps, "threads": a.threads, "size": a.size, "window": a.window,
             "count": a.count, "put_count": a.put_count, "iters": a.iters, "cq_ops": a.cq_ops,
             "timeout": a.timeout, "env": a.env, "yield": a.yield_mode, "load_start": "%.1f" % os.getloadavg()[0],
             "command": "bench/microbench.py " + " ".join(argv)}

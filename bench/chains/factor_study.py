@@ -83,15 +83,15 @@ import json
 import os
 import platform
 import shlex
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+from benchkit import git_rev, positive, run_chains  # noqa: E402
 CORES = os.cpu_count() or 2
 
 # The design-space variables and ferry's defaults: the base configuration.
@@ -265,16 +265,6 @@ def normalise(m, value, reference):
 
 # ---- command line ------------------------------------------------------------------------------
 
-def positive(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer")
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} must be at least 1")
-    return v
-
-
 def name_list(text):
     return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -421,61 +411,6 @@ def command(a, job):
     return [str(b / "ferryrun"), "-n", "2", "--timeout", str(a.timeout), "--no-prefix", str(b / "ferry-chains")] + args
 
 
-def kill_group(proc):
-    """SIGTERM, then SIGKILL, to the job's whole process group (the launcher and both ranks)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return "", ""
-        try:
-            return proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            continue
-    return "", ""
-
-
-def parse_result(out):
-    """ferry-chains' JSON object (the last one printed), or None."""
-    result = None
-    for line in (out or "").splitlines():
-        i = line.find("{")
-        if i < 0:
-            continue
-        try:
-            j = json.loads(line[i:])
-        except json.JSONDecodeError:
-            continue
-        if isinstance(j, dict) and j.get("bench") == "chains":
-            result = j
-    return result
-
-
-def run_one(cmd, env, timeout):
-    """(status, exit code, wall seconds, result, stderr). Status: ok, failed, timeout."""
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
-    except OSError as e:
-        return "failed", None, 0.0, None, str(e)
-    status = "ok"
-    try:
-        # ferryrun's own --timeout fires first and cleans up (exit 124); this is the backstop.
-        out, err = proc.communicate(timeout=timeout + 15)
-    except subprocess.TimeoutExpired:
-        status = "timeout"
-        out, err = kill_group(proc)
-    wall = time.monotonic() - t0
-    rc = proc.returncode
-    if status == "ok" and rc == 124:
-        status = "timeout"
-    result = parse_result(out)
-    if status == "ok" and (rc != 0 or result is None or result.get("errors", 0) != 0):
-        status = "failed"
-    return status, rc, wall, result, (err or "").strip()
-
-
 def describe(settings):
     """The settings that differ from ferry's defaults, for tables and logs."""
     diff = [f"{k}={v}" for k, v in settings if DEFAULTS.get(k) != v]
@@ -513,7 +448,7 @@ def sweep(a, out_dir):
 def run_job(a, job, names, rep):
     m = METRICS[job.metric]
     cmd = command(a, job)
-    status, rc, wall, result, err = run_one(cmd, run_env(a, job), a.timeout)
+    status, rc, wall, result, err = run_chains(cmd, run_env(a, job), a.timeout)
     env_text = " ".join(f"{k}={v}" for k, v in job.settings)
     extra = "".join(f" {shlex.quote(kv)}" for kv in a.env)
     rec = {"rep": rep, "variants": " ".join(names), "metric": job.metric, "workers": job.workers,
@@ -689,15 +624,6 @@ def plot_family(fam, rows, path):
     plt.close(fig)
 
 
-def git_rev():
-    try:
-        # "-dirty": the tree had uncommitted changes, so the commit alone does not say what ran.
-        return subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def load_average():
     """The 1-minute load average: on a shared machine it says how much else was running."""
     try:
@@ -739,7 +665,7 @@ def header(a, argv, info):
 
 def report(a, argv, info, records, out_dir):
     stats = aggregate(records)
-    rows, md = [], [f"# ferry factor study (paper 000 §5)\n", header(a, argv, info), ""]
+    rows, md = [], ["# ferry factor study (paper 000 §5)\n", header(a, argv, info), ""]
     pngs = []
     for fam in a.family_list:
         fr = family_rows(a, fam, stats)

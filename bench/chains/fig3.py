@@ -20,14 +20,14 @@ import os
 import platform
 import shlex
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+from benchkit import git_rev, int_list, positive, run_chains  # noqa: E402
 PARCELPORTS = ["ferry", "mpi", "mpi_a", "mpix"]
 MPI_KINDS = {"mpi", "mpi_a", "mpix"}
 # The paper's baselines are mpi and mpi_a; mpix is this project's extra variant, shown but kept
@@ -57,26 +57,6 @@ def size_name(n):
     if n >= 1024 and n % 1024 == 0:
         return f"{n // 1024} KiB"
     return f"{n} B"
-
-
-def int_list(text, what):
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{what}: '{text}' is not a comma-separated list of integers")
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"{what}: '{text}' needs one or more non-negative integers")
-    return values
-
-
-def positive(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer")
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} must be at least 1")
-    return v
 
 
 def parse_args(argv):
@@ -198,50 +178,6 @@ def command(a, pp, args):
     return out
 
 
-def run_one(cmd, env, timeout):
-    """Runs one job in its own process group, so a timeout ends every process it started."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    status = "ok"
-    try:
-        # The launcher's own timeout (ferryrun --timeout, MPIEXEC_TIMEOUT) fires first and
-        # cleans up properly; this is the backstop.
-        out, err = proc.communicate(timeout=timeout + 15)
-    except subprocess.TimeoutExpired:
-        status = "timeout"
-        for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                out, err = proc.communicate(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                out, err = "", ""
-    wall = time.monotonic() - t0
-    rc = proc.returncode
-    if status == "ok" and rc == 124:  # ferryrun's exit code for --timeout; hydra's MPIEXEC_TIMEOUT too
-        status = "timeout"
-    elif status == "ok" and rc != 0:
-        status = "failed"
-    result = None
-    for line in (out or "").splitlines():
-        i = line.find("{")  # tolerate a launcher's "[0] " prefix
-        if i < 0:
-            continue
-        try:
-            j = json.loads(line[i:])
-        except json.JSONDecodeError:
-            continue
-        if isinstance(j, dict) and j.get("bench") == "chains":
-            result = j
-    if status == "ok" and result is None:
-        status = "failed"
-    return status, rc, wall, result, (err or "").strip()
-
-
 def value_of(kind, result):
     """The plotted quantity. Rate: messages per second that one sending locality achieves — the
     total rate with a single source (the paper's flood), the per-locality rate when both send."""
@@ -288,7 +224,7 @@ def sweep(a, out_dir):
                         rec.update(status="skipped", reason=unsupported[pp])
                     else:
                         try:
-                            status, rc, wall, result, err = run_one(cmd, env, a.timeout)
+                            status, rc, wall, result, err = run_chains(cmd, env, a.timeout)
                         except OSError as e:  # the launcher itself is missing
                             status, rc, wall, result, err = "failed", None, 0.0, None, str(e)
                         rec.update(status=status, exit=rc, wall_s=round(wall, 3), result=result)
@@ -502,20 +438,12 @@ def plot(pts, out_dir):
     return written
 
 
-def git_rev():
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def report(records, out_dir, a, header):
     pts = aggregate(records)
     write_csv(pts, out_dir / "points.csv")
     body = tables(pts)
     failed = sum(1 for r in records if r["status"] not in ("ok",))
-    md = [f"# ferry-chains: paper 000 Figure 3\n", header, "", body]
+    md = ["# ferry-chains: paper 000 Figure 3\n", header, "", body]
     if failed:
         md.append(f"{failed} of {len(records)} runs did not succeed (see raw.jsonl: status, exit, stderr).\n")
     (out_dir / "summary.md").write_text("\n".join(md))
@@ -563,7 +491,7 @@ def main(argv):
         f"{'one per worker thread' if a.ferry_devices == 'threads' else (a.ferry_devices or 'default')}",
         f"- best MPI = the better of {' and '.join(PAPER_MPI)} (the paper's two variants); mpix is compared "
         f"separately; ratios > 1 mean ferry is better",
-        f"- environment: " + (", ".join(a.env) if a.env else "inherited") +
+        "- environment: " + (", ".join(a.env) if a.env else "inherited") +
         (f"; FERRY_PROVIDER={os.environ['FERRY_PROVIDER']}" if "FERRY_PROVIDER" in os.environ else ""),
     ])
     records = sweep(a, out_dir)

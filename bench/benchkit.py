@@ -1,0 +1,107 @@
+"""Pieces every benchmark driver shares (fig3.py, factor_study.py, microbench.py).
+
+Python standard library only, so /usr/bin/python3 runs it without a package index.
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def positive(text):
+    """argparse type: an integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer")
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} must be at least 1")
+    return v
+
+
+def int_list(text, what=None, minimum=0):
+    """A comma-separated list of integers >= minimum; `what` names the option in the message."""
+    name = f"{what}: " if what else ""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name}'{text}' is not a comma-separated list of integers")
+    if not values or any(v < minimum for v in values):
+        raise argparse.ArgumentTypeError(f"{name}'{text}' needs one or more integers >= {minimum}")
+    return values
+
+
+def run_in_group(cmd, env, timeout, cwd=None):
+    """Runs cmd in its own session; (exit code, stdout, stderr, wall seconds), exit code None
+    when it was killed after `timeout` seconds. The launcher's own timeout (ferryrun --timeout,
+    MPIEXEC_TIMEOUT) should fire first and clean up; this is the backstop, and it takes the whole
+    process group (launcher and every rank), so nothing is left holding shared memory."""
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True, cwd=cwd)
+    except OSError as e:
+        return 127, "", str(e), 0.0
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out, err, time.monotonic() - t0
+    except subprocess.TimeoutExpired:
+        out, err = "", ""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                out, err = proc.communicate(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        return None, out or "", (err or "") + f"\n(killed after {timeout} s)", time.monotonic() - t0
+
+
+def last_json(out, bench):
+    """The last JSON object in `out` whose "bench" is `bench` (a launcher's "[0] " prefix is
+    tolerated), or None."""
+    result = None
+    for line in (out or "").splitlines():
+        i = line.find("{")
+        if i < 0:
+            continue
+        try:
+            j = json.loads(line[i:])
+        except json.JSONDecodeError:
+            continue
+        if isinstance(j, dict) and j.get("bench") == bench:
+            result = j
+    return result
+
+
+def run_chains(cmd, env, timeout):
+    """One ferry-chains job: (status, exit code, wall seconds, result, stderr); status is ok,
+    failed or timeout. `timeout` is the launcher's; the backstop waits 15 s longer."""
+    rc, out, err, wall = run_in_group(cmd, env, timeout + 15)
+    result = last_json(out, "chains")
+    if rc is None or rc == 124:  # 124: ferryrun's exit code for --timeout (hydra's too)
+        status = "timeout"
+    elif rc != 0 or result is None or result.get("errors", 0) != 0:
+        status = "failed"
+    else:
+        status = "ok"
+    return status, rc, wall, result, (err or "").strip()
+
+
+def git_rev():
+    """The commit that ran, with "-dirty" if the tree had uncommitted changes; "unknown"
+    outside a git checkout."""
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
