@@ -38,6 +38,13 @@ namespace ferry::detail {
 
 inline constexpr std::size_t cache_line = 64;
 
+// The ring sizes of the queues: at least n and at least 2, a power of two (index = pos & mask).
+constexpr std::size_t round_up_pow2(std::size_t n) noexcept {
+  std::size_t p = 2;
+  while (p < n) p <<= 1;
+  return p;
+}
+
 // Moves a popped element to the caller. Into an empty std::optional it move-constructs in
 // place, which for a fat element (a Completion with its Buffer and vector) saves the
 // move-assignment's release-what-was-there checks and a second move on the way out.
@@ -55,7 +62,7 @@ class MpmcRing {
   static_assert(std::is_nothrow_move_constructible_v<T>, "MpmcRing needs a nothrow move");
 
  public:
-  explicit MpmcRing(std::size_t capacity) : mask_(round_up(capacity) - 1), cells_(new Cell[mask_ + 1]) {
+  explicit MpmcRing(std::size_t capacity) : mask_(round_up_pow2(capacity) - 1), cells_(new Cell[mask_ + 1]) {
     for (std::size_t i = 0; i <= mask_; ++i) cells_[i].seq.store(i, std::memory_order_relaxed);
   }
   ~MpmcRing() {
@@ -127,12 +134,6 @@ class MpmcRing {
     alignas(T) unsigned char bytes[sizeof(T)];
     void* storage() noexcept { return bytes; }
   };
-  static std::size_t round_up(std::size_t n) {
-    std::size_t p = 2;
-    while (p < n) p <<= 1;
-    return p;
-  }
-
   // Producers and consumers hammer different counters: keep them on separate lines.
   alignas(cache_line) std::atomic<std::size_t> head_{0};
   alignas(cache_line) std::atomic<std::size_t> tail_{0};

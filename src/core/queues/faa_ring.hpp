@@ -93,7 +93,7 @@ class FaaRing {
   // Unusable tickets in a row before try_push gives up (LCRQ closes its ring at this point).
   static constexpr int kMaxAttempts = 64;
 
-  explicit FaaRing(std::size_t capacity) : mask_(round_up(capacity) - 1), cells_(new Cell[mask_ + 1]) {
+  explicit FaaRing(std::size_t capacity) : mask_(round_up_pow2(capacity) - 1), cells_(new Cell[mask_ + 1]) {
     for (std::uint64_t i = 0; i <= mask_; ++i) cells_[i].state.store(i << kIdxShift, std::memory_order_relaxed);
   }
   ~FaaRing() {
@@ -230,12 +230,6 @@ class FaaRing {
       if (static_cast<std::int64_t>(h - t) <= 0) return;
       if (tail_.compare_exchange_weak(t, h, std::memory_order_relaxed)) return;
     }
-  }
-
-  static std::uint64_t round_up(std::size_t n) {
-    std::uint64_t p = 2;
-    while (p < n) p <<= 1;
-    return p;
   }
 
   alignas(cache_line) std::atomic<std::uint64_t> head_{0};

@@ -54,7 +54,9 @@ class MsQueue {
   static_assert(std::is_nothrow_move_assignable_v<T>, "MsQueue moves values out by assignment");
 
  public:
-  explicit MsQueue(std::size_t capacity) : capacity_(round_up(capacity)), nodes_(new Node[capacity_ + 1]) {
+  // CompletionQueue caps capacities at 2^28, so the rounded capacity fits 32 bits.
+  explicit MsQueue(std::size_t capacity)
+      : capacity_(static_cast<std::uint32_t>(round_up_pow2(capacity))), nodes_(new Node[capacity_ + 1]) {
     for (std::uint32_t i = 0; i <= capacity_; ++i) {
       nodes_[i].next.store(kNil, std::memory_order_relaxed);
       nodes_[i].releases.store(0, std::memory_order_relaxed);
@@ -181,12 +183,6 @@ class MsQueue {
         return;
       }
     }
-  }
-
-  static std::uint32_t round_up(std::size_t n) {
-    std::size_t p = 2;
-    while (p < n) p <<= 1;
-    return static_cast<std::uint32_t>(p);  // CompletionQueue caps capacities at 2^28
   }
 
   alignas(cache_line) std::atomic<std::uint64_t> head_;
