@@ -24,7 +24,8 @@ namespace ferry {
   X(packet_size, "FERRY_PACKET_SIZE", "8192",                                              \
     "bytes per packet; messages up to this size minus a 16-byte header go eagerly")        \
   X(packets, "FERRY_PACKETS", "4096", "packets per device (send and receive buffers)")    \
-  X(prepost, "FERRY_PREPOST", "256", "receives each device keeps posted")                 \
+  X(prepost, "FERRY_PREPOST", "256",                                                      \
+    "receives each device keeps posted (refilled on idle polls, at once below half)")     \
   X(recv_descriptors, "FERRY_RECV_DESCRIPTORS", "16384",                                   \
     "post_recv calls per device that may wait for their message at once")                  \
   X(send_credits, "FERRY_SEND_CREDITS", "0",                                               \
