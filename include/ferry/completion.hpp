@@ -7,7 +7,8 @@
 //
 // Kinds:
 //  - CompletionQueue: a lock-free multi-producer multi-consumer queue of Completion records.
-//    When full, it spills into an overflow list rather than drop or wait.
+//    When full, it spills into an overflow list rather than drop or wait. The entries one
+//    producer signals are popped in that order (spilled ones included).
 //  - Synchronizer: counts to n (like an MPI request when n == 1); test() / wait().
 //  - Handler: runs a callback inside progress (keep it short, it must not block).
 #pragma once

@@ -179,11 +179,17 @@ CompletionQueue::CompletionQueue(CompletionQueueOptions options) {
 CompletionQueue::~CompletionQueue() = default;
 
 void CompletionQueue::signal(Completion&& completion) noexcept {
-  if (impl_->push(std::move(completion))) return;
-  // Full: the consumer has fallen a whole capacity behind. signal() runs inside progress and
-  // must neither drop the entry nor wait (the consumer may be this very thread), so the entry
-  // spills into an unbounded overflow list. This slow path allocates and locks; the fast path
-  // never touches it but for one relaxed load in pop().
+  // Order: pop() drains the queue before the overflow list, so once an entry has spilled,
+  // everything after it must spill too until the list is empty; otherwise a later entry that
+  // found room would overtake it. Relaxed is enough: a producer ordered after the spill (the
+  // same thread, or one that took the progress lock after it) sees the count; producers that
+  // race with each other have no order to keep.
+  if (overflow_size_.load(std::memory_order_relaxed) == 0 && impl_->push(std::move(completion))) return;
+  // Full (the consumer has fallen a capacity behind, or a preempted consumer still holds the
+  // cell a push needs), or spilled entries wait. signal() runs inside progress and must neither
+  // drop the entry nor wait (the consumer may be this very thread), so the entry goes to an
+  // unbounded overflow list. This slow path allocates and locks; the fast path pays one relaxed
+  // load here and one in pop().
   std::lock_guard<std::mutex> guard(overflow_mutex_);
   overflow_.push_back(std::move(completion));
   overflow_size_.store(overflow_.size(), std::memory_order_relaxed);
