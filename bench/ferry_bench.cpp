@@ -22,6 +22,21 @@
 #include <thread>
 #include <vector>
 
+#include <sys/resource.h>
+
+// Under valgrind's callgrind, `contention` and `cq` zero the cost counters when their measured
+// interval starts and dump them when it ends (a dump file "<out-file>.1"), so that start-up,
+// bootstrap and finalize stay out of it (bench/lock_evidence.py). Outside valgrind these client
+// requests are a few instructions that do nothing.
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#define FERRY_BENCH_CALLGRIND_ZERO() CALLGRIND_ZERO_STATS
+#define FERRY_BENCH_CALLGRIND_DUMP(what) CALLGRIND_DUMP_STATS_AT(what)
+#else
+#define FERRY_BENCH_CALLGRIND_ZERO() ((void)0)
+#define FERRY_BENCH_CALLGRIND_DUMP(what) ((void)0)
+#endif
+
 #include "bench_util.hpp"
 #include "ferry/ferry.hpp"
 
@@ -45,6 +60,40 @@ void fail(const std::string& what) {
 }
 
 struct Aborted : std::exception {};
+
+// What the operating system saw of this process's threads over an interval (getrusage,
+// RUSAGE_SELF: every thread of the process, ferry's own included, e.g. offload's communication
+// thread). A voluntary context switch is a thread going to sleep (a futex wait in a blocking
+// lock or condition variable, poll, sleep); an involuntary one is a thread taken off its core
+// while still runnable: preempted at the end of its time slice, or a sched_yield that let
+// another thread run (Linux counts those as involuntary).
+struct Usage {
+  long voluntary = 0;
+  long involuntary = 0;
+  double cpu_seconds = 0.0;  // user + system
+
+  static Usage now() noexcept {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    auto seconds = [](const timeval& tv) {
+      return static_cast<double>(tv.tv_sec) + 1e-6 * static_cast<double>(tv.tv_usec);
+    };
+    return Usage{ru.ru_nvcsw, ru.ru_nivcsw, seconds(ru.ru_utime) + seconds(ru.ru_stime)};
+  }
+  Usage since(const Usage& start) const noexcept {
+    return Usage{voluntary - start.voluntary, involuntary - start.involuntary, cpu_seconds - start.cpu_seconds};
+  }
+  // The start and end of a measured interval (see FERRY_BENCH_CALLGRIND_ZERO above).
+  static Usage begin() noexcept {
+    FERRY_BENCH_CALLGRIND_ZERO();
+    return now();
+  }
+  static Usage end(const char* what) noexcept {
+    const Usage u = now();
+    FERRY_BENCH_CALLGRIND_DUMP(what);
+    return u;
+  }
+};
 
 // Counts local completions of posted operations (rendezvous sends). A Synchronizer counts to a
 // fixed n; a window of sends needs a running total instead.
@@ -638,9 +687,17 @@ int run_contention(const bench::ContentionArgs& a, int threads, const std::strin
 
   std::vector<Clock::time_point> starts(static_cast<std::size_t>(senders));
   std::vector<Clock::time_point> ends(static_cast<std::size_t>(senders));
-  std::barrier start_line(senders);
+  // Rank 0's context switches and CPU time over the timed phase: from the moment every sender
+  // has finished its warmup to the moment the last one has its final acknowledgement.
+  Usage usage_start;
+  Usage usage_end;
+  std::atomic<int> senders_running{senders};
+  std::barrier start_line(senders, [&usage_start]() noexcept { usage_start = Usage::begin(); });
   std::atomic<std::int64_t> popped{0};
 
+  // Rank 1 has no timed phase of its own: its usage covers its threads' whole run (warmup,
+  // one window per thread by default, included).
+  const Usage rank1_start = rank == 1 ? Usage::begin() : Usage{};
   if (rank <= 1) {
     run_threads(rank == 0 ? senders : receivers, [&](int t) {
       // Every buffer is made here, before the timed loops, which allocate nothing.
@@ -671,6 +728,7 @@ int run_contention(const bench::ContentionArgs& a, int threads, const std::strin
         starts[ti] = Clock::now();
         phase(n);
         ends[ti] = Clock::now();
+        if (senders_running.fetch_sub(1) == 1) usage_end = Usage::end("contention timed phase");
         lane->wait_sends();
       } else if (pattern == Pattern::send) {
         auto lane = job.lane(t);
@@ -689,19 +747,29 @@ int run_contention(const bench::ContentionArgs& a, int threads, const std::strin
       }
     });
   }
+  const Usage usage = rank == 0   ? usage_end.since(usage_start)
+                      : rank == 1 ? Usage::end("contention receivers").since(rank1_start)
+                                  : Usage{};
   if (g_failed.load()) die(&rt, g_error);
 
-  // What the lock model did on each side (deferred and combined calls), through the bootstrap.
+  // What the lock model did on each side (deferred and combined calls) and what the operating
+  // system saw (context switches, CPU time), through the bootstrap.
   rt.barrier();
   const ferry::DeviceStats mine = rt.device(0).stats();
   rt.kv_put("ferry-bench-stats", std::to_string(mine.deferred) + " " + std::to_string(mine.combined) + " " +
-                                     std::to_string(mine.max_combined_batch));
+                                     std::to_string(mine.max_combined_batch) + " " +
+                                     std::to_string(usage.voluntary) + " " + std::to_string(usage.involuntary) +
+                                     " " + std::to_string(usage.cpu_seconds));
   rt.kv_fence();
 
   if (rank == 0) {
     unsigned long long d1 = 0, c1 = 0, b1 = 0;
+    long vol1 = 0, invol1 = 0;
+    double cpu1 = 0.0;
     const std::string theirs = rt.kv_get(1, "ferry-bench-stats");
-    if (std::sscanf(theirs.c_str(), "%llu %llu %llu", &d1, &c1, &b1) != 3) die(&rt, "bad statistics from rank 1");
+    if (std::sscanf(theirs.c_str(), "%llu %llu %llu %ld %ld %lf", &d1, &c1, &b1, &vol1, &invol1, &cpu1) != 6) {
+      die(&rt, "bad statistics from rank 1");
+    }
     const auto first = *std::min_element(starts.begin(), starts.end());
     const auto last = *std::max_element(ends.begin(), ends.end());
     const double secs = std::chrono::duration<double>(last - first).count();
@@ -723,6 +791,14 @@ int run_contention(const bench::ContentionArgs& a, int threads, const std::strin
       j["deferred"] = {mine.deferred, d1};
       j["combined"] = {mine.combined, c1};
       j["max_combined_batch"] = {mine.max_combined_batch, b1};
+      // [rank 0, rank 1]: rank 0 over the timed phase, rank 1 over its threads' whole run.
+      const double n = static_cast<double>(total);
+      j["vol_ctx_switches"] = {usage.voluntary, vol1};
+      j["invol_ctx_switches"] = {usage.involuntary, invol1};
+      j["vol_ctx_per_msg"] = {static_cast<double>(usage.voluntary) / n, static_cast<double>(vol1) / n};
+      j["invol_ctx_per_msg"] = {static_cast<double>(usage.involuntary) / n, static_cast<double>(invol1) / n};
+      j["cpu_seconds"] = {usage.cpu_seconds, cpu1};
+      j["cpu_us_per_msg"] = {usage.cpu_seconds / n * 1e6, cpu1 / n * 1e6};
       bench::print_json(j);
     } else {
       std::printf(
@@ -754,7 +830,12 @@ int run_cq(std::int64_t ops, int threads, bool as_json, ferry::QueueKind kind, c
   std::vector<Clock::time_point> starts(static_cast<std::size_t>(threads));
   std::vector<Clock::time_point> ends(static_cast<std::size_t>(threads));
   std::atomic<std::int64_t> popped{0};
-  std::barrier start_line(threads);
+  // This process's context switches and CPU time from the moment every thread is at the start
+  // line to the moment the last one is done.
+  Usage usage_start;
+  Usage usage_end;
+  std::atomic<int> running{threads};
+  std::barrier start_line(threads, [&usage_start]() noexcept { usage_start = Usage::begin(); });
   rt.barrier();
   run_threads(threads, [&](int t) {
     start_line.arrive_and_wait();
@@ -774,6 +855,7 @@ int run_cq(std::int64_t ops, int threads, bool as_json, ferry::QueueKind kind, c
       ++mine;
     }
     ends[static_cast<std::size_t>(t)] = Clock::now();
+    if (running.fetch_sub(1) == 1) usage_end = Usage::end("cq timed phase");
     popped.fetch_add(mine);
   });
   if (g_failed.load()) die(&rt, g_error);
@@ -785,6 +867,8 @@ int run_cq(std::int64_t ops, int threads, bool as_json, ferry::QueueKind kind, c
     const auto last = *std::max_element(ends.begin(), ends.end());
     const double secs = std::chrono::duration<double>(last - first).count();
     const double rate = static_cast<double>(ops * threads) / secs;
+    const Usage usage = usage_end.since(usage_start);
+    const double n = static_cast<double>(ops * threads);
     if (as_json) {
       bench::print_json(json{{"bench", "cq"},
                              {"size", 0},
@@ -799,6 +883,12 @@ int run_cq(std::int64_t ops, int threads, bool as_json, ferry::QueueKind kind, c
                              {"seconds", secs},
                              {"msgs_per_s", rate},
                              {"ops_per_s", 2.0 * rate},
+                             {"vol_ctx_switches", usage.voluntary},
+                             {"invol_ctx_switches", usage.involuntary},
+                             {"vol_ctx_per_msg", static_cast<double>(usage.voluntary) / n},
+                             {"invol_ctx_per_msg", static_cast<double>(usage.involuntary) / n},
+                             {"cpu_seconds", usage.cpu_seconds},
+                             {"cpu_us_per_msg", usage.cpu_seconds / n * 1e6},
                              {"ferry_version", ferry::version()}});
     } else {
       std::printf(

@@ -12,6 +12,7 @@ packages=(
   googletest libgtest-dev libgmock-dev # tests
   python3-matplotlib                   # plots (used by /usr/bin/python3)
   procps psmisc                        # ps / pkill for the launcher tests
+  valgrind                             # instruction counts (callgrind-am.sh, lock-evidence.sh)
 )
 missing=()
 for p in "${packages[@]}"; do
