@@ -129,6 +129,9 @@ def parse_args(argv):
     p.add_argument("--bin-dir", default=str(ROOT / "build" / "bin"), help="where ferry-bench and ferryrun are")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for every run (repeatable), e.g. FERRY_PROVIDER=tcp")
+    p.add_argument("--replot", metavar="DIR", default=None,
+                   help="run nothing: rebuild oversub.csv and summary.md from DIR's callgrind.csv, oversub_raw.csv "
+                        "and meta.json (with the settings recorded there)")
     a = p.parse_args(argv)
     q = a.quick
     a.lock_models = a.lock_models or (["lockless", "block"] if q else LOCK_MODELS)
@@ -465,7 +468,7 @@ def write_csvs(out_dir, cg_rows, over_rows, points):
             w = csv.DictWriter(f, fieldnames=CG_FIELDS)
             w.writeheader()
             for r in cg_rows:
-                w.writerow({k: (f"{r[k]:.2f}" if isinstance(r.get(k), float) else r.get(k, "")) for k in CG_FIELDS})
+                w.writerow({k: (f"{r[k]:.6g}" if isinstance(r.get(k), float) else r.get(k, "")) for k in CG_FIELDS})
     if over_rows:
         with open(out_dir / "oversub_raw.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=OVER_FIELDS)
@@ -629,8 +632,8 @@ def checks(points, cg_rows, a, cores):
         vol = {m: med(points, "contention", m, hi, "vol_ctx_per_msg_r0") for m in a.lock_models}
         vol = {m: v[0] for m, v in vol.items() if v}
         if vol:
-            out.append(f"- Voluntary context switches per message on rank 0 at T={hi} (threads that slept): "
-                       + ", ".join(f"{m} {v:.4f}" for m, v in vol.items()) + ".")
+            out.append(f"- Voluntary context switches per 1000 messages on rank 0 at T={hi} (threads that slept): "
+                       + ", ".join(f"{m} {v * 1000:.2f}" for m, v in vol.items()) + ".")
         verdicts = []
         for t in ts:
             q, b, c = (med(points, "contention", m, t) for m in ("lockq", "block", "csync"))
@@ -652,7 +655,8 @@ def checks(points, cg_rows, a, cores):
                 s_ = p["stats"].get("msgs_per_s") if p else None
                 v_ = p["stats"].get("vol_ctx_per_msg_r0") if p else None
                 if s_:
-                    cells.append(f"{m} {s_[0] / 1e6:.3f} M/s (vol {v_[0]:.3f}/msg)" if v_ else f"{m} {s_[0] / 1e6:.3f}")
+                    cells.append(f"{m} {s_[0] / 1e6:.3f} M/s ({v_[0] * 1000:.2f} voluntary switches per 1000)" if v_
+                                 else f"{m} {s_[0] / 1e6:.3f}")
                 elif p and p["slow"]:
                     cells.append(f"{m} timed out")
             if cells:
@@ -730,13 +734,14 @@ def write_markdown(out_dir, a, meta, cg_rows, over_rows, points, cg_skipped):
               f"threads; each cell the median of {a.reps} run(s) (repetitions outermost); `--yield {a.yield_mode}`.",
               "", "### Messages/s (millions; median, min-max)", ""]
         L += over_table(points, "contention", models, threads, "msgs_per_s", 1e-6, 2, with_range=True)
-        for metric, title in (("vol_ctx_per_msg_r0", "Voluntary context switches per message, rank 0 (senders)"),
-                              ("invol_ctx_per_msg_r0", "Involuntary context switches per message, rank 0"),
-                              ("vol_ctx_per_msg_r1", "Voluntary context switches per message, rank 1 (receivers)"),
-                              ("invol_ctx_per_msg_r1", "Involuntary context switches per message, rank 1"),
+        for metric, title in (("vol_ctx_per_msg_r0", "Voluntary context switches per 1000 messages, rank 0 (senders)"),
+                              ("invol_ctx_per_msg_r0", "Involuntary context switches per 1000 messages, rank 0"),
+                              ("vol_ctx_per_msg_r1", "Voluntary context switches per 1000 messages, rank 1 (receivers)"),
+                              ("invol_ctx_per_msg_r1", "Involuntary context switches per 1000 messages, rank 1"),
                               ("cpu_us_per_msg_r0", "CPU time per message, rank 0 (us, user + system)")):
             L += ["", f"### {title}", ""]
-            L += over_table(points, "contention", models, threads, metric, 1.0, 1 if metric.startswith("cpu") else 4)
+            cpu = metric.startswith("cpu")
+            L += over_table(points, "contention", models, threads, metric, 1.0 if cpu else 1000.0, 2)
         L.append("")
     if "spin" not in a.skip and over_rows:
         models = [m for m in a.lock_models if any(k[0] == "spin" and k[1] == m for k in points)]
@@ -746,11 +751,12 @@ def write_markdown(out_dir, a, meta, cg_rows, over_rows, points, cg_skipped):
               f"{a.spin_reps} run(s), {a.spin_timeout} s per run (a run that does not finish in time bounds the "
               "rate from above).", "", "### Messages/s (millions; median, min-max)", ""]
         L += over_table(points, "spin", models, st, "msgs_per_s", 1e-6, 3, with_range=True)
-        for metric, title in (("vol_ctx_per_msg_r0", "Voluntary context switches per message, rank 0"),
-                              ("invol_ctx_per_msg_r0", "Involuntary context switches per message, rank 0"),
+        for metric, title in (("vol_ctx_per_msg_r0", "Voluntary context switches per 1000 messages, rank 0"),
+                              ("invol_ctx_per_msg_r0", "Involuntary context switches per 1000 messages, rank 0"),
                               ("cpu_us_per_msg_r0", "CPU time per message, rank 0 (us)")):
             L += ["", f"### {title}", ""]
-            L += over_table(points, "spin", models, st, metric, 1.0, 1 if metric.startswith("cpu") else 4)
+            cpu = metric.startswith("cpu")
+            L += over_table(points, "spin", models, st, metric, 1.0 if cpu else 1000.0, 1 if cpu else 2)
         L.append("")
     if "cq" not in a.skip and over_rows:
         queues = [q for q in a.queues if any(k[0] == "cq" and k[1] == q for k in points)]
@@ -758,10 +764,10 @@ def write_markdown(out_dir, a, meta, cg_rows, over_rows, points, cg_skipped):
               f"T threads push and pop one queue in one process; {a.cq_ops} pairs per run split over the threads.",
               "", "### Completions/s (millions; median, min-max)", ""]
         L += over_table(points, "cq", queues, threads, "msgs_per_s", 1e-6, 2, with_range=True)
-        for metric, title in (("vol_ctx_per_msg_r0", "Voluntary context switches per push+pop"),
-                              ("invol_ctx_per_msg_r0", "Involuntary context switches per push+pop")):
+        for metric, title in (("vol_ctx_per_msg_r0", "Voluntary context switches per million push+pop pairs"),
+                              ("invol_ctx_per_msg_r0", "Involuntary context switches per million push+pop pairs")):
             L += ["", f"### {title}", ""]
-            L += over_table(points, "cq", queues, threads, metric, 1.0, 5)
+            L += over_table(points, "cq", queues, threads, metric, 1e6, 1)
         L.append("")
     L += ["## The design-space issue's expected outcomes, against these numbers", ""]
     L += checks(points, cg_rows, a, cores) or ["(nothing measured)"]
@@ -785,8 +791,37 @@ def build_type(bin_dir):
     return "?"
 
 
+def read_csv_rows(path, ints, floats):
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k in ints:
+            r[k] = int(r[k]) if r.get(k, "") != "" else r.get(k)
+        for k in floats:
+            r[k] = float(r[k]) if r.get(k, "") != "" else ""
+    return rows
+
+
+def replot(out_dir):
+    meta = json.loads((out_dir / "meta.json").read_text())
+    a = argparse.Namespace(**meta["settings"])
+    cg_rows = read_csv_rows(out_dir / "callgrind.csv", ["threads", "rank", "rep"],
+                            ["ir_per_op"] + [f"{g}_per_op" for g in GROUPS] + [f"{k}_per_op" for k in CALL_KEYS])
+    over_rows = read_csv_rows(out_dir / "oversub_raw.csv", ["threads"], OVER_METRICS)
+    points = summarise(over_rows)
+    write_csvs(out_dir, [], over_rows, points)
+    write_markdown(out_dir, a, meta, cg_rows, over_rows, points, meta.get("callgrind_skipped", False))
+    for line in checks(points, cg_rows, a, meta["cores"]):
+        log(line)
+    return 0
+
+
 def main(argv):
     a = parse_args(argv)
+    if a.replot:
+        return replot(Path(a.replot))
     for prog in ("ferryrun", "ferry-bench"):
         if not (Path(a.bin_dir) / prog).exists():
             log(f"lock-evidence: {Path(a.bin_dir) / prog} is missing; build it first (scripts/lock-evidence.sh does)")

@@ -6,7 +6,7 @@
 # ferry-bench and ferryrun (Release), then runs bench/lock_evidence.py with every argument
 # given here; results in results/lock-evidence-<date>/ (summary.md, CSV).
 #   scripts/lock-evidence.sh --quick                   # a smoke test, under a minute
-#   scripts/lock-evidence.sh                           # the default sweep, about 15 minutes
+#   scripts/lock-evidence.sh                           # the default sweep, about 8 minutes
 #   scripts/lock-evidence.sh --skip callgrind --reps 3 --threads 2,8
 # FERRY_BUILD_DIR (default build) picks the build tree. lock_evidence.py --help lists every knob.
 set -euo pipefail
