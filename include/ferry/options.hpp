@@ -34,6 +34,9 @@ namespace ferry {
   X(max_targets, "FERRY_MAX_TARGETS", "4096", "remote target ids per runtime (0..N-1)")   \
   X(rdv_threshold, "FERRY_RDV_THRESHOLD", "0",                                             \
     "messages above this many bytes use rendezvous; 0: as large as a packet allows")     \
+  X(fragment, "FERRY_FRAGMENT", "auto",                                                    \
+    "eager messages above the provider's inject size go as inject-size fragments: auto "  \
+    "(when the provider injects >= 1 KiB, as shm does), off (one provider send)")          \
   X(lock_model, "FERRY_LOCK_MODEL", "lockless",                                            \
     "device thread safety: lockless, trylock, block, lockq, csync, offload")               \
   X(completion, "FERRY_COMPLETION", "cq",                                                  \
@@ -70,6 +73,7 @@ struct RuntimeOptions {
   std::size_t cq_capacity = 0;
   std::size_t max_targets = 0;
   std::size_t rdv_threshold = 0;
+  std::string fragment{};  // auto, off
   // The design space (validated by resolve_config; each lists its valid values on error).
   std::string lock_model{};
   std::string completion{};

@@ -21,6 +21,7 @@ struct Config {
   std::size_t cq_capacity;
   std::size_t max_targets;
   std::size_t rdv_threshold;
+  std::string fragment;        // auto, off
   std::string lock_model;      // lockless, trylock, block, lockq, csync, offload
   std::string completion;      // cq, cq_ms, cq_lock, sync
   std::string header;          // am, sendrecv

@@ -3,6 +3,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +25,11 @@ constexpr int kPollBatch = 16;
 // Messages up to this size (header included) that the provider can inject are built on the
 // stack instead of in a packet.
 constexpr std::size_t kStackInject = 256;
+// A fragment is built on the stack: at most this many bytes, whatever the inject size.
+constexpr std::size_t kMaxFragmentFrame = 4096;
+constexpr std::size_t kFragmentHeader = kHeader + sizeof(FragBody);
+// Below this inject size fragments would be too small to beat one provider send.
+constexpr std::size_t kMinFragmentInject = 1024;
 namespace {
 
 std::string str(std::size_t v) { return std::to_string(v); }
@@ -139,6 +145,10 @@ DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, net::Fabric& fabric, con
       credits_(static_cast<std::int64_t>(credits_max_)) {
   if (config.rdv_threshold != 0 && config.rdv_threshold < eager_limit_) eager_limit_ = config.rdv_threshold;
   if (eager_limit_ > caps_.max_msg_size - kHeader) eager_limit_ = caps_.max_msg_size - kHeader;
+  if (config.fragment == "auto" && caps_.inject_size >= kMinFragmentInject && kHeader + eager_limit_ > caps_.inject_size) {
+    fragment_payload_ = std::min(caps_.inject_size, kMaxFragmentFrame) - kFragmentHeader;
+    partials_.reserve(64);
+  }
   // The packet slab is registered once; the descriptor matters only under FI_MR_LOCAL.
   pool_mr_ = endpoint_.register_memory(pool_->slab(), pool_->slab_bytes(), FI_SEND | FI_RECV);
   pool_desc_ = caps_.mr_local ? fi_mr_desc(pool_mr_) : nullptr;
@@ -347,11 +357,15 @@ Status DeviceImpl::post_am(const AmArgs& a) {
   check_buffer("post_am", "buffer", a.buffer, a.size);
   check_tag("post_am", a.tag);
   check_target("post_am", a.target.id);
+  if (!backlog_clear()) return Status::make_retry(RetryReason::provider);
   if (a.size > eager_limit_) {
     return post_rendezvous(OpKind::am, a.rank, a.tag, a.target.id, a.buffer, a.size, a.local, a.context);
   }
   if (kHeader + a.size <= kStackInject && kHeader + a.size <= caps_.inject_size) {
     return inject_small(MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
+  }
+  if (fragment_payload_ != 0 && kHeader + a.size > caps_.inject_size) {
+    return post_fragments(MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
   }
   Packet* p = pool_->get();
   if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
@@ -378,6 +392,83 @@ Status DeviceImpl::inject_small(MsgKind kind, std::uint16_t target, Tag tag, int
   throw_provider("fi_inject", rc, rank);
 }
 
+// The pieces go straight from the caller's buffer; only a tail the provider refuses is copied
+// (into the packet taken up front, so an empty pool is a retry before anything is sent).
+Status DeviceImpl::post_fragments(MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer,
+                                  std::size_t size) {
+  Packet* spare = pool_->get();
+  if (spare == nullptr) return Status::make_retry(RetryReason::packet_pool);
+  const std::uint32_t id = next_fragment_id_.fetch_add(1, std::memory_order_relaxed);  // a name, orders nothing
+  alignas(16) unsigned char frame[kMaxFragmentFrame];
+  encode(frame, WireHeader{MsgKind::frag, static_cast<std::uint8_t>(kind), target, runtime_.rank(), tag, id});
+  const auto* src = static_cast<const unsigned char*>(buffer);
+  fid_ep* ep = endpoint_.ep();
+  for (std::size_t off = 0; off < size; off += fragment_payload_) {
+    const std::size_t n = std::min(fragment_payload_, size - off);
+    encode(frame + kHeader, FragBody{static_cast<std::uint32_t>(off), static_cast<std::uint32_t>(size)});
+    std::memcpy(frame + kFragmentHeader, src + off, n);
+    const ssize_t rc = fi_inject(ep, frame, kFragmentHeader + n, static_cast<fi_addr_t>(rank));
+    if (rc == 0) continue;
+    if (rc != -FI_EAGAIN || off == 0) {
+      pool_->put(spare);
+      if (rc == -FI_EAGAIN) return Status::make_retry(RetryReason::provider);
+      throw_provider("fi_inject", rc, rank);
+    }
+    // The provider took the first pieces: the rest must follow them, so it joins the backlog.
+    // Layout: [frame header][remaining bytes]; each later piece's header is written just in
+    // front of its bytes, over bytes already sent.
+    unsigned char* d = spare->data();
+    std::memcpy(d, frame, kHeader);
+    std::memcpy(d + kFragmentHeader, src + off, size - off);
+    spare->rank = rank;
+    spare->size = size;                                    // the message's payload bytes
+    spare->length = static_cast<std::uint32_t>(size - off);  // bytes in the backlog packet
+    spare->tag = 0;                                        // of those, bytes sent
+    spare->next = nullptr;
+    {
+      std::lock_guard<SpinLock> guard(backlog_lock_);
+      if (backlog_tail_ != nullptr) backlog_tail_->next = spare; else backlog_head_ = spare;
+      backlog_tail_ = spare;
+    }
+    backlog_count_.fetch_add(1, std::memory_order_release);
+    return Status::make_done();
+  }
+  pool_->put(spare);
+  return Status::make_done();
+}
+
+bool DeviceImpl::flush_backlog() {
+  std::unique_lock<SpinLock> guard(backlog_lock_, std::try_to_lock);
+  if (!guard.owns_lock()) return false;
+  fid_ep* ep = endpoint_.ep();
+  while (Packet* p = backlog_head_) {
+    unsigned char* d = p->data();
+    const std::size_t base = p->size - p->length;  // message offset of the packet's first byte
+    while (p->tag < p->length) {
+      const std::size_t sent = p->tag;
+      const std::size_t n = std::min(fragment_payload_, static_cast<std::size_t>(p->length) - sent);
+      unsigned char* piece = d + sent;  // its bytes start at piece + kFragmentHeader
+      if (sent != 0) std::memcpy(piece, d, kHeader);  // sent >= fragment_payload_ > kHeader: no overlap
+      encode(piece + kHeader, FragBody{static_cast<std::uint32_t>(base + sent), static_cast<std::uint32_t>(p->size)});
+      const ssize_t rc = fi_inject(ep, piece, kFragmentHeader + n, static_cast<fi_addr_t>(p->rank));
+      if (rc == -FI_EAGAIN) return false;
+      if (rc != 0) {
+        // The peer is unreachable: the rest of this message cannot be delivered. Said, not hidden.
+        std::fprintf(stderr, "ferry: rank %d device %d: dropped the rest of a %zu-byte message to rank %d: %s\n",
+                     runtime_.rank(), index_, static_cast<std::size_t>(p->size), p->rank,
+                     net::fi_error("fi_inject", rc).c_str());
+        break;
+      }
+      p->tag = static_cast<std::uint32_t>(sent + n);
+    }
+    backlog_head_ = p->next;
+    if (backlog_head_ == nullptr) backlog_tail_ = nullptr;
+    pool_->put(p);
+    backlog_count_.fetch_sub(1, std::memory_order_release);
+  }
+  return true;
+}
+
 bool DeviceImpl::post_barrier_step(int rank, std::uint32_t step) {
   Packet* p = pool_->get();
   if (p == nullptr) return false;
@@ -390,11 +481,15 @@ Status DeviceImpl::post_send(const SendArgs& a) {
   check_rank("post_send", a.rank);
   check_buffer("post_send", "buffer", a.buffer, a.size);
   check_tag("post_send", a.tag);
+  if (!backlog_clear()) return Status::make_retry(RetryReason::provider);
   if (a.size > eager_limit_) {
     return post_rendezvous(OpKind::send, a.rank, a.tag, 0, a.buffer, a.size, a.local, a.context);
   }
   if (kHeader + a.size <= kStackInject && kHeader + a.size <= caps_.inject_size) {
     return inject_small(MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
+  }
+  if (fragment_payload_ != 0 && kHeader + a.size > caps_.inject_size) {
+    return post_fragments(MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
   }
   Packet* p = pool_->get();
   if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
@@ -744,15 +839,61 @@ void DeviceImpl::on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src
     pool_->put(p);
     return;
   }
-  const auto h = decode<WireHeader>(p->data());
   p->length = static_cast<std::uint32_t>(e.len);
+  if (p->data()[0] == static_cast<std::uint8_t>(MsgKind::frag)) {
+    on_fragment(p, e.len);
+    return;
+  }
+  on_packet(p);
+}
+
+void DeviceImpl::on_fragment(Packet* p, std::size_t length) {
+  unsigned char* d = p->data();
+  const auto h = decode<WireHeader>(d);
+  const auto f = length >= kFragmentHeader ? decode<FragBody>(d + kHeader) : FragBody{1, 0};
+  const std::size_t n = length >= kFragmentHeader ? length - kFragmentHeader : 0;
+  const auto kind = static_cast<MsgKind>(h.reserved);
+  if ((kind != MsgKind::am && kind != MsgKind::msg) || f.total > p->capacity - kHeader || f.offset > f.total ||
+      n > f.total - f.offset) {
+    std::fprintf(stderr, "ferry: rank %d device %d: dropped a malformed fragment of %zu bytes from rank %d\n",
+                 runtime_.rank(), index_, length, h.src);
+    pool_->put(p);
+    return;
+  }
+  for (Partial& m : partials_) {
+    if (m.src != h.src || m.id != h.aux) continue;
+    std::memcpy(m.packet->data() + kHeader + f.offset, d + kFragmentHeader, n);
+    pool_->put(p);
+    m.received += static_cast<std::uint32_t>(n);
+    if (m.received < f.total) return;
+    Packet* whole = m.packet;
+    m = partials_.back();
+    partials_.pop_back();
+    whole->length = static_cast<std::uint32_t>(kHeader + f.total);
+    on_packet(whole);
+    return;
+  }
+  // The first piece to arrive: its packet becomes the message (header of the message's own
+  // kind, payload at its offset), so reassembly takes no buffer of its own.
+  std::memmove(d + kHeader + f.offset, d + kFragmentHeader, n);
+  encode(d, WireHeader{kind, 0, h.target, h.src, h.tag, 0});
+  if (n == f.total) {
+    p->length = static_cast<std::uint32_t>(kHeader + n);
+    on_packet(p);
+    return;
+  }
+  partials_.push_back(Partial{h.src, h.aux, p, static_cast<std::uint32_t>(n)});
+}
+
+void DeviceImpl::on_packet(Packet* p) {
+  const auto h = decode<WireHeader>(p->data());
   switch (h.kind) {
     case MsgKind::am: {
       Completion c;
       c.op = OpKind::remote_am;
       c.rank = h.src;
       c.tag = h.tag;
-      c.size = e.len - kHeader;
+      c.size = p->length - kHeader;
       c.buffer = Buffer(p->data() + kHeader, c.size, &release_am_payload, pool_.get());
       // A delivered payload keeps its packet until the application drops it. When the
       // application holds so many that the pool could not refill the posted receives, the
@@ -781,6 +922,9 @@ void DeviceImpl::on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src
     case MsgKind::barrier:
       pool_->put(p);
       runtime_.barrier_arrived(h.tag);
+      return;
+    case MsgKind::frag:  // on_recv hands fragments to on_fragment, which never passes one on
+      pool_->put(p);
       return;
     case MsgKind::fin: {
       const auto fin = decode<FinBody>(p->data() + kHeader);
@@ -1187,6 +1331,7 @@ bool DeviceImpl::progress() {
     }
   }
   run_deferred();
+  if (backlog_count_.load(std::memory_order_relaxed) != 0) flush_backlog();
   // Reposting costs one provider call per buffer. A poll that found work leaves it to the next
   // idle poll, so a reply is not held up by buffer bookkeeping (in a ping-pong the refill runs
   // while the peer computes its answer); at or below half the target it refills at once, so a
@@ -1200,7 +1345,7 @@ std::size_t DeviceImpl::drain(double seconds) {
   auto busy = [this] {
     return (safety_ ? safety_->queued() : 0) + open_ops_.load(std::memory_order_relaxed) +
            (credits_max_ - static_cast<std::size_t>(credits_.load(std::memory_order_relaxed))) +
-           deferred_count_.load(std::memory_order_relaxed);
+           deferred_count_.load(std::memory_order_relaxed) + backlog_count_.load(std::memory_order_relaxed);
   };
   while (busy() != 0 && std::chrono::steady_clock::now() < deadline) {
     if (safety_ != nullptr) safety_->progress(); else progress();

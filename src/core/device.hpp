@@ -5,6 +5,13 @@
 //    them): a packet from the pool (thread cache), one memcpy, fi_inject or fi_send; on the
 //    receiver one fi_cq_read, a push into the target completion queue, one fi_recv repost.
 //    No allocation, no blocking lock, no system call but the provider's.
+//  - medium path (eager messages whose header and payload exceed the provider's inject size,
+//    when fragmenting is on): the message goes as inject-size fragments straight from the
+//    caller's buffer, so the send completes at once and costs the provider no handshake. A
+//    fragment the provider refuses midway leaves the rest of the message in a pool packet on
+//    the device's backlog; every later message post and every progress call sends the backlog
+//    first (a post that cannot answers retry), so one thread's messages keep their order.
+//    The receiver reassembles in the packet of the first fragment to arrive.
 //  - rendezvous and multi-chunk RMA: may allocate an operation record and register memory;
 //    network calls for them are issued by progress from the deferred list.
 //  - setup/teardown: anything goes.
@@ -108,6 +115,14 @@ class DeviceImpl {
   std::uint64_t notify_data(const PutArgs& a) const;
   void check_iovec_fits(const AmIovecArgs& a) const;
   Status inject_small(MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer, std::size_t size);
+  Status post_fragments(MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer, std::size_t size);
+  // Sends what it can of the backlog; true when the backlog is empty.
+  bool flush_backlog();
+  // A post's first step: false (answer retry) while earlier fragments wait in the backlog.
+  bool backlog_clear() { return backlog_count_.load(std::memory_order_acquire) == 0 || flush_backlog(); }
+  void on_fragment(Packet* p, std::size_t length);
+  // A whole eager packet (received in one piece or reassembled): p->length is set.
+  void on_packet(Packet* p);
   Status post_rendezvous(OpKind op, int rank, Tag tag, std::uint16_t target, const void* buffer,
                          std::size_t size, CompletionObject* local, void* context);
   void on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src);
@@ -138,16 +153,37 @@ class DeviceImpl {
   void* pool_desc_ = nullptr;
   std::size_t eager_limit_;
   std::size_t credits_max_;
+  // Payload bytes per fragment; 0 when messages are not fragmented (FERRY_FRAGMENT).
+  std::size_t fragment_payload_ = 0;
 
   SpinLock poll_lock_;
   std::size_t posted_recvs_ = 0;  // owned by the poll lock holder
   MatchingEngine matching_;
+  // Messages being reassembled, owned by the poll lock holder. Few at a time (one per sending
+  // thread that is mid-message), so a linear search; capacity reserved up front.
+  struct Partial {
+    std::int32_t src;
+    std::uint32_t id;
+    Packet* packet;       // holds the message: WireHeader (its own kind), then the payload
+    std::uint32_t received;
+  };
+  std::vector<Partial> partials_;
 
   // Free send credits. Relaxed: a credit is a count, it guards no other memory.
   alignas(cache_line) std::atomic<std::int64_t> credits_;
   // Rendezvous and RMA records not yet finished (teardown waits for zero). Relaxed: a count.
   std::atomic<std::size_t> open_ops_{0};
   std::atomic<bool> finalized_{false};
+  // Fragmented messages: ids, and the tails the provider refused (a FIFO of packets linked by
+  // Packet::next under backlog_lock_: flushers only try it, a post that queues a tail holds it
+  // for two stores). backlog_count_ is the fast check on every post: the thread that queued
+  // a tail always sees its own increment; release on the decrement after a tail's last piece
+  // and acquire in the check put that piece before any message the checking thread sends.
+  std::atomic<std::uint32_t> next_fragment_id_{0};
+  SpinLock backlog_lock_;
+  Packet* backlog_head_ = nullptr;
+  Packet* backlog_tail_ = nullptr;
+  std::atomic<std::size_t> backlog_count_{0};
 
   std::mutex deferred_mutex_;  // large-message path only; progress takes it with try_lock
   std::vector<std::function<bool()>> deferred_;

@@ -130,6 +130,7 @@ Config resolve_config(const RuntimeOptions& o) {
   c.lock_model = choice("FERRY_LOCK_MODEL", o.lock_model, "lockless",
                         {"lockless", "trylock", "block", "lockq", "csync", "offload"});
   c.completion = choice("FERRY_COMPLETION", o.completion, "cq", {"cq", "cq_ms", "cq_lock", "sync"});
+  c.fragment = choice("FERRY_FRAGMENT", o.fragment, "auto", {"auto", "off"});
   c.header = choice("FERRY_HEADER", o.header, "am", {"am", "sendrecv"});
   c.device_polling = choice("FERRY_DEVICE_POLLING", o.device_polling, "local", {"local", "random", "global"});
   c.progress = pick(o.progress, "FERRY_PROGRESS", "explicit");

@@ -1,6 +1,6 @@
 // wire.hpp — the bytes ferry puts in front of every packet it sends.
 //
-// Every eager packet starts with a 16-byte WireHeader. Rendezvous control packets (RTS) carry
+// Every eager packet starts with a 16-byte WireHeader; a fragment adds a FragBody. Rendezvous control packets (RTS) carry
 // an RtsBody after it; an iovec RTS carries the eager part and one RtsPart per zero-copy part.
 // Encoding is memcpy of a trivially copyable struct: all ranks of a job run the same binary
 // on the same architecture, so no byte swapping is done.
@@ -20,6 +20,7 @@ enum class MsgKind : std::uint8_t {
   rts_iovec = 5,  // iovec active message: RtsBody, eager bytes, RtsPart[aux]
   fin = 6,        // rendezvous done: FinBody follows
   barrier = 7,    // one step of Runtime::barrier: tag = (epoch parity << 8) | round
+  frag = 8,       // one piece of an eager am/msg: reserved = its kind, aux = message id, FragBody
 };
 
 struct WireHeader {
@@ -49,6 +50,15 @@ struct RtsPart {
 };
 static_assert(sizeof(RtsPart) == 24);
 
+// Where a fragment's bytes go in its message. A fragmented message is an eager am or msg whose
+// header and payload exceed the provider's inject size; its pieces are injected one by one
+// and reassembled by the receiver, keyed by (sender, message id).
+struct FragBody {
+  std::uint32_t offset;  // of this piece's first byte in the message's payload
+  std::uint32_t total;   // the message's payload bytes
+};
+static_assert(sizeof(FragBody) == 8);
+
 struct FinBody {
   std::uint64_t send_op;
 };
@@ -67,6 +77,6 @@ inline T decode(const void* at) noexcept {
   return value;
 }
 
-inline bool valid_kind(std::uint8_t k) noexcept { return k >= 1 && k <= 7; }
+inline bool valid_kind(std::uint8_t k) noexcept { return k >= 1 && k <= 8; }
 
 }  // namespace ferry::detail

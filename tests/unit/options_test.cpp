@@ -112,6 +112,7 @@ TEST_F(Env, DefaultsMatchTheOptionTable) {
   EXPECT_EQ(c.cq_capacity, 65536u);
   EXPECT_EQ(c.max_targets, 4096u);
   EXPECT_EQ(c.rdv_threshold, 0u);
+  EXPECT_EQ(c.fragment, "auto");
   // The defaults are written twice (the table, for ferry-info, and resolve_config): they
   // must agree, or ferry-info would print a value ferry does not use.
   const std::map<std::string, std::size_t> resolved = {
@@ -126,7 +127,7 @@ TEST_F(Env, DefaultsMatchTheOptionTable) {
       const std::map<std::string, std::string> text = {
           {"bootstrap", "auto"}, {"provider", "auto"}, {"parcelport", "ferry"}, {"amt_threads", "1"},
           {"lock_model", "lockless"}, {"completion", "cq"}, {"header", "am"}, {"progress", "explicit"},
-          {"device_polling", "local"}};
+          {"device_polling", "local"}, {"fragment", "auto"}};
       ASSERT_TRUE(text.count(o.name)) << o.name << " has no checked default";
       EXPECT_EQ(o.default_value, text.at(o.name)) << o.name;
       continue;
@@ -159,6 +160,16 @@ TEST_F(Env, EnvironmentValuesAreUsed) {
   EXPECT_EQ(c.max_targets, 16u);
   EXPECT_EQ(c.rdv_threshold, 4096u);
   EXPECT_EQ(ferry::detail::default_cq_capacity(), 1u << 20);
+}
+
+TEST_F(Env, FragmentIsAutoOrOffAndAnythingElseListsBoth) {
+  set("FERRY_FRAGMENT", "off");
+  EXPECT_EQ(resolve_config({}).fragment, "off");
+  set("FERRY_FRAGMENT", "always");
+  const std::optional<std::string> what = error_of([] { (void)resolve_config({}); });
+  ASSERT_TRUE(what.has_value());
+  EXPECT_TRUE(contains(*what, "FERRY_FRAGMENT='always'")) << *what;
+  EXPECT_TRUE(contains(*what, "auto, off")) << *what;
 }
 
 // An empty variable counts as unset (`FERRY_PACKETS= prog` should not be an error).
@@ -273,7 +284,8 @@ TEST(OptionTable, ListsEveryVariableOnceWithConsistentNames) {
                                           "FERRY_SEND_CREDITS", "FERRY_CQ_CAPACITY", "FERRY_MAX_TARGETS",
                                           "FERRY_RDV_THRESHOLD", "FERRY_PARCELPORT",  "FERRY_AMT_THREADS",
                                           "FERRY_RECV_DESCRIPTORS", "FERRY_LOCK_MODEL",   "FERRY_COMPLETION",
-                                          "FERRY_HEADER",      "FERRY_PROGRESS",     "FERRY_DEVICE_POLLING"};
+                                          "FERRY_HEADER",      "FERRY_PROGRESS",     "FERRY_DEVICE_POLLING",
+                                          "FERRY_FRAGMENT"};
   std::multiset<std::string> envs, names;
   for (const ferry::OptionInfo& o : ferry::option_table()) {
     ASSERT_NE(o.name, nullptr);
