@@ -37,6 +37,9 @@ namespace ferry {
   X(fragment, "FERRY_FRAGMENT", "auto",                                                    \
     "eager messages above the provider's inject size go as inject-size fragments: auto "  \
     "(when the provider injects >= 1 KiB, as shm does), off (one provider send)")          \
+  X(fragment_max, "FERRY_FRAGMENT_MAX", "16384",                                           \
+    "when fragmenting, messages up to this many bytes go as fragments, even past a packet " \
+    "(reassembled on the heap); larger ones use rendezvous")                               \
   X(lock_model, "FERRY_LOCK_MODEL", "lockless",                                            \
     "device thread safety: lockless, trylock, block, lockq, csync, offload")               \
   X(completion, "FERRY_COMPLETION", "cq",                                                  \
@@ -74,6 +77,7 @@ struct RuntimeOptions {
   std::size_t max_targets = 0;
   std::size_t rdv_threshold = 0;
   std::string fragment{};  // auto, off
+  std::size_t fragment_max = 0;
   // The design space (validated by resolve_config; each lists its valid values on error).
   std::string lock_model{};
   std::string completion{};

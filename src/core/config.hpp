@@ -22,6 +22,7 @@ struct Config {
   std::size_t max_targets;
   std::size_t rdv_threshold;
   std::string fragment;        // auto, off
+  std::size_t fragment_max;
   std::string lock_model;      // lockless, trylock, block, lockq, csync, offload
   std::string completion;      // cq, cq_ms, cq_lock, sync
   std::string header;          // am, sendrecv

@@ -21,6 +21,7 @@ std::string Runtime::config_value(const std::string& name) const {
   if (name == "max_targets") return num(c.max_targets);
   if (name == "rdv_threshold") return num(c.rdv_threshold);
   if (name == "fragment") return c.fragment;
+  if (name == "fragment_max") return num(c.fragment_max);
   if (name == "lock_model") return c.lock_model;
   if (name == "completion") return c.completion;
   if (name == "header") return c.header;

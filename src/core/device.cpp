@@ -147,6 +147,9 @@ DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, net::Fabric& fabric, con
   if (eager_limit_ > caps_.max_msg_size - kHeader) eager_limit_ = caps_.max_msg_size - kHeader;
   if (config.fragment == "auto" && caps_.inject_size >= kMinFragmentInject && kHeader + eager_limit_ > caps_.inject_size) {
     fragment_payload_ = std::min(caps_.inject_size, kMaxFragmentFrame) - kFragmentHeader;
+    fragment_limit_ = std::max(eager_limit_, config.fragment_max);
+    if (config.rdv_threshold != 0) fragment_limit_ = std::min(fragment_limit_, std::max(eager_limit_, config.rdv_threshold));
+    fragment_limit_ = std::min<std::size_t>(fragment_limit_, std::numeric_limits<std::uint32_t>::max());
     partials_.reserve(64);
   }
   // The packet slab is registered once; the descriptor matters only under FI_MR_LOCAL.
@@ -160,7 +163,14 @@ DeviceImpl::~DeviceImpl() {
   safety_.reset();  // an offload thread must be gone before the endpoint
   // Cancel what the provider still holds, then give the packets back so the pool can go.
   fi_cancel(&endpoint_.ep()->fid, nullptr);
-  matching_.drain([](Packet* p) { p->pool->put_shared(p); });
+  matching_.drain([](Packet* p) {
+    if (p->heap_payload) std::free(p->buffer);
+    p->pool->put_shared(p);
+  });
+  for (Partial& m : partials_) std::free(m.heap);
+  for (Packet* p = backlog_head_; p != nullptr; p = p->next) {
+    if (p->buffer != p->data()) std::free(p->buffer);
+  }
   net::close_mr(pool_mr_);
   // endpoint_ closes in its destructor before pool_ frees the slab (declaration order).
 }
@@ -359,6 +369,7 @@ Status DeviceImpl::post_am(const AmArgs& a) {
   check_target("post_am", a.target.id);
   if (!backlog_clear()) return Status::make_retry(RetryReason::provider);
   if (a.size > eager_limit_) {
+    if (a.size <= fragment_limit_) return post_fragments(MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
     return post_rendezvous(OpKind::am, a.rank, a.tag, a.target.id, a.buffer, a.size, a.local, a.context);
   }
   if (kHeader + a.size <= kStackInject && kHeader + a.size <= caps_.inject_size) {
@@ -415,9 +426,18 @@ Status DeviceImpl::post_fragments(MsgKind kind, std::uint16_t target, Tag tag, i
       throw_provider("fi_inject", rc, rank);
     }
     // The provider took the first pieces: the rest must follow them, so it joins the backlog.
-    // Layout: [frame header][remaining bytes]; each later piece's header is written just in
-    // front of its bytes, over bytes already sent.
+    // Layout: [frame header][remaining bytes], in the spare packet or, for a message larger
+    // than a packet, a heap block; each later piece's header is written just in front of its
+    // bytes, over bytes already sent.
     unsigned char* d = spare->data();
+    if (kFragmentHeader + (size - off) > spare->capacity) {
+      d = static_cast<unsigned char*>(std::malloc(kFragmentHeader + (size - off)));
+      if (d == nullptr) {
+        pool_->put(spare);
+        throw Error("post: cannot allocate " + str(size - off) + " bytes for a message's pieces the provider refused");
+      }
+    }
+    spare->buffer = d;
     std::memcpy(d, frame, kHeader);
     std::memcpy(d + kFragmentHeader, src + off, size - off);
     spare->rank = rank;
@@ -442,7 +462,7 @@ bool DeviceImpl::flush_backlog() {
   if (!guard.owns_lock()) return false;
   fid_ep* ep = endpoint_.ep();
   while (Packet* p = backlog_head_) {
-    unsigned char* d = p->data();
+    auto* d = static_cast<unsigned char*>(p->buffer);
     const std::size_t base = p->size - p->length;  // message offset of the packet's first byte
     while (p->tag < p->length) {
       const std::size_t sent = p->tag;
@@ -463,6 +483,7 @@ bool DeviceImpl::flush_backlog() {
     }
     backlog_head_ = p->next;
     if (backlog_head_ == nullptr) backlog_tail_ = nullptr;
+    if (d != p->data()) std::free(d);
     pool_->put(p);
     backlog_count_.fetch_sub(1, std::memory_order_release);
   }
@@ -483,6 +504,7 @@ Status DeviceImpl::post_send(const SendArgs& a) {
   check_tag("post_send", a.tag);
   if (!backlog_clear()) return Status::make_retry(RetryReason::provider);
   if (a.size > eager_limit_) {
+    if (a.size <= fragment_limit_) return post_fragments(MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
     return post_rendezvous(OpKind::send, a.rank, a.tag, 0, a.buffer, a.size, a.local, a.context);
   }
   if (kHeader + a.size <= kStackInject && kHeader + a.size <= caps_.inject_size) {
@@ -623,24 +645,24 @@ Status DeviceImpl::post_recv(const RecvArgs& a) {
     return Status::make_posted();
   }
   // An eager message was already here: copy it out and finish now.
-  const std::size_t have = m->length - kHeader;
+  const std::size_t have = message_size(m);
   if (have > a.size) {  // truncation is reported through the completion object
     deliver_message(spec, m);
     return Status::make_posted();
   }
-  if (have != 0) std::memcpy(a.buffer, m->data() + kHeader, have);
+  if (have != 0) std::memcpy(a.buffer, message_payload(m), have);
   Status s = Status::make_done();
   s.rank = h.src;
   s.tag = h.tag;
   s.size = have;
-  pool_->put(m);
+  release_message(m);
   return s;
 }
 
 // Copies an eager message into a matched receive and signals it. Consumes the message.
 void DeviceImpl::deliver_message(const RecvSpec& recv, Packet* message) {
   const auto h = decode<WireHeader>(message->data());
-  const std::size_t have = message->length - kHeader;
+  const std::size_t have = message_size(message);
   Completion c;
   c.op = OpKind::recv;
   c.rank = h.src;
@@ -648,9 +670,25 @@ void DeviceImpl::deliver_message(const RecvSpec& recv, Packet* message) {
   c.context = recv.context;
   c.size = have <= recv.size ? have : recv.size;
   if (have > recv.size) c.error = -FI_ETRUNC;
-  if (c.size != 0) std::memcpy(recv.buffer, message->data() + kHeader, c.size);
-  pool_->put(message);
+  if (c.size != 0) std::memcpy(recv.buffer, message_payload(message), c.size);
+  release_message(message);
   signal_local(recv.local, std::move(c));
+}
+
+const unsigned char* DeviceImpl::message_payload(Packet* m) noexcept {
+  return m->heap_payload ? static_cast<const unsigned char*>(m->buffer) : m->data() + kHeader;
+}
+
+std::size_t DeviceImpl::message_size(const Packet* m) noexcept {
+  return m->heap_payload ? m->size : m->length - kHeader;
+}
+
+void DeviceImpl::release_message(Packet* m) noexcept {
+  if (m->heap_payload) {
+    std::free(m->buffer);
+    m->heap_payload = false;
+  }
+  pool_->put(m);
 }
 
 namespace {
@@ -853,7 +891,8 @@ void DeviceImpl::on_fragment(Packet* p, std::size_t length) {
   const auto f = length >= kFragmentHeader ? decode<FragBody>(d + kHeader) : FragBody{1, 0};
   const std::size_t n = length >= kFragmentHeader ? length - kFragmentHeader : 0;
   const auto kind = static_cast<MsgKind>(h.reserved);
-  if ((kind != MsgKind::am && kind != MsgKind::msg) || f.total > p->capacity - kHeader || f.offset > f.total ||
+  const std::size_t limit = std::max<std::size_t>(p->capacity - kHeader, fragment_limit_);
+  if ((kind != MsgKind::am && kind != MsgKind::msg) || f.total > limit || f.offset > f.total ||
       n > f.total - f.offset) {
     std::fprintf(stderr, "ferry: rank %d device %d: dropped a malformed fragment of %zu bytes from rank %d\n",
                  runtime_.rank(), index_, length, h.src);
@@ -862,15 +901,37 @@ void DeviceImpl::on_fragment(Packet* p, std::size_t length) {
   }
   for (Partial& m : partials_) {
     if (m.src != h.src || m.id != h.aux) continue;
-    std::memcpy(m.packet->data() + kHeader + f.offset, d + kFragmentHeader, n);
+    std::memcpy((m.heap != nullptr ? m.heap : m.packet->data() + kHeader) + f.offset, d + kFragmentHeader, n);
     pool_->put(p);
     m.received += static_cast<std::uint32_t>(n);
     if (m.received < f.total) return;
     Packet* whole = m.packet;
+    unsigned char* heap = m.heap;
     m = partials_.back();
     partials_.pop_back();
-    whole->length = static_cast<std::uint32_t>(kHeader + f.total);
+    if (heap != nullptr) {
+      whole->length = static_cast<std::uint32_t>(kHeader);
+      whole->heap_payload = true;
+      whole->buffer = heap;
+      whole->size = f.total;
+    } else {
+      whole->length = static_cast<std::uint32_t>(kHeader + f.total);
+    }
     on_packet(whole);
+    return;
+  }
+  if (f.total > p->capacity - kHeader) {
+    // Larger than a packet: the payload gathers in a heap block, the packet keeps the header.
+    auto* heap = static_cast<unsigned char*>(std::malloc(f.total));
+    if (heap == nullptr) {
+      std::fprintf(stderr, "ferry: rank %d device %d: dropped a %u-byte message from rank %d: out of memory\n",
+                   runtime_.rank(), index_, f.total, h.src);
+      pool_->put(p);
+      return;
+    }
+    std::memcpy(heap + f.offset, d + kFragmentHeader, n);
+    encode(d, WireHeader{kind, 0, h.target, h.src, h.tag, 0});
+    partials_.push_back(Partial{h.src, h.aux, p, heap, static_cast<std::uint32_t>(n)});
     return;
   }
   // The first piece to arrive: its packet becomes the message (header of the message's own
@@ -882,7 +943,7 @@ void DeviceImpl::on_fragment(Packet* p, std::size_t length) {
     on_packet(p);
     return;
   }
-  partials_.push_back(Partial{h.src, h.aux, p, static_cast<std::uint32_t>(n)});
+  partials_.push_back(Partial{h.src, h.aux, p, nullptr, static_cast<std::uint32_t>(n)});
 }
 
 void DeviceImpl::on_packet(Packet* p) {
@@ -893,6 +954,14 @@ void DeviceImpl::on_packet(Packet* p) {
       c.op = OpKind::remote_am;
       c.rank = h.src;
       c.tag = h.tag;
+      if (__builtin_expect(p->heap_payload, 0)) {  // reassembled past a packet's size
+        c.size = p->size;
+        c.buffer = Buffer(p->buffer, c.size, &release_malloc, nullptr);
+        p->heap_payload = false;
+        pool_->put(p);
+        runtime_.deliver(h.target, std::move(c));
+        return;
+      }
       c.size = p->length - kHeader;
       c.buffer = Buffer(p->data() + kHeader, c.size, &release_am_payload, pool_.get());
       // A delivered payload keeps its packet until the application drops it. When the

@@ -20,6 +20,7 @@
 // owned by the lock holder.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -84,7 +85,8 @@ class DeviceImpl {
   void validate(const OpDesc::Args& args);
 
   int index() const noexcept { return index_; }
-  std::size_t eager_limit() const noexcept { return eager_limit_; }
+  // Fragmented messages count as eager: sent at once, in order, never a rendezvous.
+  std::size_t eager_limit() const noexcept { return std::max(eager_limit_, fragment_limit_); }
   std::size_t iovec_eager_limit(std::size_t parts) const noexcept;
   const net::Caps& caps() const noexcept { return caps_; }
   net::Endpoint& endpoint() noexcept { return endpoint_; }
@@ -136,6 +138,10 @@ class DeviceImpl {
     void* context;
   };
   void deliver_message(const RecvSpec& recv, Packet* message);
+  // An eager message packet's payload (after its header, or its heap block) and its release.
+  static const unsigned char* message_payload(Packet* m) noexcept;
+  static std::size_t message_size(const Packet* m) noexcept;
+  void release_message(Packet* m) noexcept;
   void start_rendezvous_recv(Packet* rts, const RecvSpec* recv);
   void repost();
   void run_deferred();
@@ -155,6 +161,8 @@ class DeviceImpl {
   std::size_t credits_max_;
   // Payload bytes per fragment; 0 when messages are not fragmented (FERRY_FRAGMENT).
   std::size_t fragment_payload_ = 0;
+  // Messages above eager_limit_ and up to this go as fragments too (FERRY_FRAGMENT_MAX).
+  std::size_t fragment_limit_ = 0;
 
   SpinLock poll_lock_;
   std::size_t posted_recvs_ = 0;  // owned by the poll lock holder
@@ -165,6 +173,7 @@ class DeviceImpl {
     std::int32_t src;
     std::uint32_t id;
     Packet* packet;       // holds the message: WireHeader (its own kind), then the payload
+    unsigned char* heap;  // the payload instead, when the message is larger than a packet
     std::uint32_t received;
   };
   std::vector<Partial> partials_;

@@ -117,6 +117,7 @@ Config resolve_config(const RuntimeOptions& o) {
   c.cq_capacity = size_option(o, o.cq_capacity, "FERRY_CQ_CAPACITY", "65536");
   c.max_targets = size_option(o, o.max_targets, "FERRY_MAX_TARGETS", "4096");
   c.rdv_threshold = size_option(o, o.rdv_threshold, "FERRY_RDV_THRESHOLD", "0");
+  c.fragment_max = size_option(o, o.fragment_max, "FERRY_FRAGMENT_MAX", "16384");
   auto choice = [](const char* env, const std::string& explicit_value, const char* def,
                    std::initializer_list<const char*> valid) {
     std::string v = pick(explicit_value, env, def);
@@ -162,6 +163,7 @@ Config resolve_config(const RuntimeOptions& o) {
   require_range("FERRY_RECV_DESCRIPTORS", c.recv_descriptors, 1, 1u << 24);
   require_range("FERRY_CQ_CAPACITY", c.cq_capacity, 2, 1u << 28);
   require_range("FERRY_MAX_TARGETS", c.max_targets, 1, 65536);
+  require_range("FERRY_FRAGMENT_MAX", c.fragment_max, 0, 1u << 30);
   return c;
 }
 

@@ -49,6 +49,10 @@ struct alignas(cache_line) Packet {
   void* mr;  // a temporary registration this op owns (fid_mr*), or null
   OpKind op;
   bool notify;
+  // An eager message reassembled from fragments past a packet's size: its payload is the
+  // malloc'ed block `buffer` of `size` bytes, not the bytes after its header. Set only while the
+  // packet holds such a message; whoever releases it frees the block and clears the flag.
+  bool heap_payload;
   std::uint32_t index;                  // position in the slab
   std::atomic<std::uint32_t> pool_next;  // the free-list link (read racily by poppers: atomic)
   unsigned char* data() noexcept { return reinterpret_cast<unsigned char*>(this) + sizeof(Packet); }

@@ -67,8 +67,10 @@ inline long long first_mismatch(const void* data, std::size_t n, int src, std::s
 // The sizes every data-path test covers.
 inline std::vector<std::size_t> sizes() {
   // 4080..8176 straddle shm's 4096-byte inject size with the 16-byte header: one inject,
-  // two fragments (the second of one byte), two full fragments, the largest eager message.
-  return {0, 1, 7, 8, 64, 4080, 4081, 4095, 4096, 8144, 8176, 8192, 65536, 1u << 20, 64u << 20};
+  // two fragments (the second of one byte), two full fragments, the largest packet-sized
+  // message; 8192..16384 are fragments reassembled on the heap (FERRY_FRAGMENT_MAX), 16385
+  // the smallest rendezvous.
+  return {0, 1, 7, 8, 64, 4080, 4081, 4095, 4096, 8144, 8176, 8192, 12000, 16384, 16385, 65536, 1u << 20, 64u << 20};
 }
 
 inline int right() { return (rt().rank() + 1) % rt().size(); }

@@ -113,13 +113,14 @@ TEST_F(Env, DefaultsMatchTheOptionTable) {
   EXPECT_EQ(c.max_targets, 4096u);
   EXPECT_EQ(c.rdv_threshold, 0u);
   EXPECT_EQ(c.fragment, "auto");
+  EXPECT_EQ(c.fragment_max, 16384u);
   // The defaults are written twice (the table, for ferry-info, and resolve_config): they
   // must agree, or ferry-info would print a value ferry does not use.
   const std::map<std::string, std::size_t> resolved = {
       {"devices", static_cast<std::size_t>(c.devices)}, {"packet_size", c.packet_size},
       {"packets", c.packets},         {"prepost", c.prepost}, {"recv_descriptors", c.recv_descriptors},
       {"send_credits", c.send_credits}, {"cq_capacity", c.cq_capacity},
-      {"max_targets", c.max_targets}, {"rdv_threshold", c.rdv_threshold}};
+      {"max_targets", c.max_targets}, {"rdv_threshold", c.rdv_threshold}, {"fragment_max", c.fragment_max}};
   for (const ferry::OptionInfo& o : ferry::option_table()) {
     auto it = resolved.find(o.name);
     if (it == resolved.end()) {
@@ -191,7 +192,8 @@ TEST_F(Env, MalformedEnvironmentValueNamesVariableAndValue) {
 
 TEST_F(Env, EveryMalformedSizeVariableIsReported) {
   for (const char* var : {"FERRY_DEVICES", "FERRY_PACKET_SIZE", "FERRY_PACKETS", "FERRY_PREPOST",
-                          "FERRY_SEND_CREDITS", "FERRY_CQ_CAPACITY", "FERRY_MAX_TARGETS", "FERRY_RDV_THRESHOLD"}) {
+                          "FERRY_SEND_CREDITS", "FERRY_CQ_CAPACITY", "FERRY_MAX_TARGETS", "FERRY_RDV_THRESHOLD",
+                          "FERRY_FRAGMENT_MAX"}) {
     set(var, "12x");
     const std::optional<std::string> what = error_of([] { (void)resolve_config({}); });
     ASSERT_TRUE(what.has_value()) << var;
@@ -208,7 +210,8 @@ TEST_F(Env, OutOfRangeValuesNameVariableAndRange) {
   };
   for (const Case c : {Case{"FERRY_DEVICES", "0"}, Case{"FERRY_DEVICES", "65"}, Case{"FERRY_PACKET_SIZE", "32"},
                        Case{"FERRY_PACKET_SIZE", "2G"}, Case{"FERRY_PACKETS", "1"}, Case{"FERRY_PREPOST", "5000"},
-                       Case{"FERRY_CQ_CAPACITY", "1"}, Case{"FERRY_MAX_TARGETS", "65537"}}) {
+                       Case{"FERRY_CQ_CAPACITY", "1"}, Case{"FERRY_MAX_TARGETS", "65537"},
+                       Case{"FERRY_FRAGMENT_MAX", "2G"}}) {
     set(c.var, c.value);
     const std::optional<std::string> what = error_of([] { (void)resolve_config({}); });
     ASSERT_TRUE(what.has_value()) << c.var << "=" << c.value << " was accepted";
@@ -285,7 +288,7 @@ TEST(OptionTable, ListsEveryVariableOnceWithConsistentNames) {
                                           "FERRY_RDV_THRESHOLD", "FERRY_PARCELPORT",  "FERRY_AMT_THREADS",
                                           "FERRY_RECV_DESCRIPTORS", "FERRY_LOCK_MODEL",   "FERRY_COMPLETION",
                                           "FERRY_HEADER",      "FERRY_PROGRESS",     "FERRY_DEVICE_POLLING",
-                                          "FERRY_FRAGMENT"};
+                                          "FERRY_FRAGMENT",    "FERRY_FRAGMENT_MAX"};
   std::multiset<std::string> envs, names;
   for (const ferry::OptionInfo& o : ferry::option_table()) {
     ASSERT_NE(o.name, nullptr);
