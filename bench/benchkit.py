@@ -1,4 +1,4 @@
-"""Pieces every benchmark driver shares (fig3.py, factor_study.py, microbench.py).
+"""Pieces every benchmark driver shares (fig3.py, factor_study.py, microbench.py, lock_evidence.py).
 
 Python standard library only, so /usr/bin/python3 runs it without a package index.
 """
@@ -35,6 +35,24 @@ def int_list(text, what=None, minimum=0):
     if not values or any(v < minimum for v in values):
         raise argparse.ArgumentTypeError(f"{name}'{text}' needs one or more integers >= {minimum}")
     return values
+
+
+def name_list(allowed):
+    """argparse type: a comma-separated list of names, each one of `allowed`."""
+    def parse(text):
+        values = [x.strip() for x in text.split(",") if x.strip()]
+        bad = [v for v in values if v not in allowed]
+        if not values or bad:
+            raise argparse.ArgumentTypeError(f"'{text}': each must be one of {', '.join(allowed)}")
+        return values
+    return parse
+
+
+def check_env(parser, pairs):
+    """Rejects an --env entry that is not KEY=VALUE, naming it."""
+    for kv in pairs:
+        if "=" not in kv or kv.startswith("="):
+            parser.error(f"argument --env: '{kv}' is not KEY=VALUE")
 
 
 def run_in_group(cmd, env, timeout, cwd=None):

@@ -49,7 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchkit import git_rev, int_list, last_json, positive, run_in_group  # noqa: E402
+from benchkit import check_env, git_rev, int_list, last_json, name_list, positive, run_in_group  # noqa: E402
 
 LOCK_MODELS = ["lockless", "trylock", "block", "lockq", "csync", "offload"]
 QUEUES = ["ring", "faa", "ms", "lock"]
@@ -70,16 +70,6 @@ OVER_METRICS = ["msgs_per_s", "vol_ctx_per_msg_r0", "invol_ctx_per_msg_r0", "vol
 OVER_FIELDS = (["rep", "part", "variant", "threads", "count", "status"] + OVER_METRICS
                + ["vol_ctx_r0", "invol_ctx_r0", "vol_ctx_r1", "invol_ctx_r1", "seconds", "wall_seconds", "load1",
                   "error", "command"])
-
-
-def name_list(allowed):
-    def parse(text):
-        values = [x.strip() for x in text.split(",") if x.strip()]
-        bad = [v for v in values if v not in allowed]
-        if not values or bad:
-            raise argparse.ArgumentTypeError(f"'{text}': each must be one of {', '.join(allowed)}")
-        return values
-    return parse
 
 
 def parse_args(argv):
@@ -152,9 +142,7 @@ def parse_args(argv):
     a.cg_timeout = a.cg_timeout or (60 if q else 120)
     if a.size < 0:
         p.error(f"argument --size: {a.size} must be 0 or more")
-    for kv in a.env:
-        if "=" not in kv or kv.startswith("="):
-            p.error(f"argument --env: '{kv}' is not KEY=VALUE")
+    check_env(p, a.env)
     a.bin_dir = str(Path(a.bin_dir).resolve())
     return a
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchkit import git_rev, int_list, positive, run_in_group  # noqa: E402
+from benchkit import check_env, git_rev, int_list, name_list, positive, run_in_group  # noqa: E402
 LOCK_MODELS = ["lockless", "trylock", "block", "lockq", "csync", "offload"]
 PATTERNS = ["send", "recv", "put"]
 QUEUES = ["ring", "faa", "ms", "lock"]
@@ -50,16 +50,6 @@ UNITS = {"contention": "msgs/s", "latency": "us", "cq": "completions/s"}
 # high value flags a run that competed with other work).
 RAW_FIELDS = ["rep", "kind", "variant", "pattern", "threads", "size", "status", "value", "unit", "bench_seconds",
               "wall_seconds", "load1", "deferred", "combined", "max_combined_batch", "yield", "error", "command"]
-
-
-def name_list(allowed):
-    def parse(text):
-        values = [x.strip() for x in text.split(",") if x.strip()]
-        bad = [v for v in values if v not in allowed]
-        if not values or bad:
-            raise argparse.ArgumentTypeError(f"'{text}': each must be one of {', '.join(allowed)}")
-        return values
-    return parse
 
 
 def parse_args(argv):
@@ -106,9 +96,7 @@ def parse_args(argv):
     a.bin_dir = str(Path(a.bin_dir).resolve())
     if a.size < 0:
         p.error(f"--size: {a.size} must be 0 or more")
-    for kv in a.env:
-        if "=" not in kv:
-            p.error(f"--env: '{kv}' is not KEY=VALUE")
+    check_env(p, a.env)
     return a
 
 
