@@ -145,11 +145,14 @@ DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, net::Fabric& fabric, con
       credits_(static_cast<std::int64_t>(credits_max_)) {
   if (config.rdv_threshold != 0 && config.rdv_threshold < eager_limit_) eager_limit_ = config.rdv_threshold;
   if (eager_limit_ > caps_.max_msg_size - kHeader) eager_limit_ = caps_.max_msg_size - kHeader;
-  if (config.fragment == "auto" && caps_.inject_size >= kMinFragmentInject && kHeader + eager_limit_ > caps_.inject_size) {
+  // Fragments carry messages up to FERRY_FRAGMENT_MAX (or the packet's eager limit, if larger),
+  // never past an explicit rendezvous threshold; 32-bit offsets on the wire.
+  std::size_t limit = std::max(eager_limit_, config.fragment_max);
+  if (config.rdv_threshold != 0) limit = std::min(limit, config.rdv_threshold);
+  limit = std::min<std::size_t>(limit, std::numeric_limits<std::uint32_t>::max());
+  if (config.fragment == "auto" && caps_.inject_size >= kMinFragmentInject && kHeader + limit > caps_.inject_size) {
     fragment_payload_ = std::min(caps_.inject_size, kMaxFragmentFrame) - kFragmentHeader;
-    fragment_limit_ = std::max(eager_limit_, config.fragment_max);
-    if (config.rdv_threshold != 0) fragment_limit_ = std::min(fragment_limit_, std::max(eager_limit_, config.rdv_threshold));
-    fragment_limit_ = std::min<std::size_t>(fragment_limit_, std::numeric_limits<std::uint32_t>::max());
+    fragment_limit_ = limit;
     partials_.reserve(64);
   }
   // The packet slab is registered once; the descriptor matters only under FI_MR_LOCAL.
@@ -368,15 +371,12 @@ Status DeviceImpl::post_am(const AmArgs& a) {
   check_tag("post_am", a.tag);
   check_target("post_am", a.target.id);
   if (!backlog_clear()) return Status::make_retry(RetryReason::provider);
+  if (fragmented(a.size)) return post_fragments(MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
   if (a.size > eager_limit_) {
-    if (a.size <= fragment_limit_) return post_fragments(MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
     return post_rendezvous(OpKind::am, a.rank, a.tag, a.target.id, a.buffer, a.size, a.local, a.context);
   }
   if (kHeader + a.size <= kStackInject && kHeader + a.size <= caps_.inject_size) {
     return inject_small(MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
-  }
-  if (fragment_payload_ != 0 && kHeader + a.size > caps_.inject_size) {
-    return post_fragments(MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
   }
   Packet* p = pool_->get();
   if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
@@ -503,15 +503,12 @@ Status DeviceImpl::post_send(const SendArgs& a) {
   check_buffer("post_send", "buffer", a.buffer, a.size);
   check_tag("post_send", a.tag);
   if (!backlog_clear()) return Status::make_retry(RetryReason::provider);
+  if (fragmented(a.size)) return post_fragments(MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
   if (a.size > eager_limit_) {
-    if (a.size <= fragment_limit_) return post_fragments(MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
     return post_rendezvous(OpKind::send, a.rank, a.tag, 0, a.buffer, a.size, a.local, a.context);
   }
   if (kHeader + a.size <= kStackInject && kHeader + a.size <= caps_.inject_size) {
     return inject_small(MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
-  }
-  if (fragment_payload_ != 0 && kHeader + a.size > caps_.inject_size) {
-    return post_fragments(MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
   }
   Packet* p = pool_->get();
   if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
@@ -888,6 +885,7 @@ void DeviceImpl::on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src
 void DeviceImpl::on_fragment(Packet* p, std::size_t length) {
   unsigned char* d = p->data();
   const auto h = decode<WireHeader>(d);
+  // Too short to hold a FragBody: offset > total marks it malformed below.
   const auto f = length >= kFragmentHeader ? decode<FragBody>(d + kHeader) : FragBody{1, 0};
   const std::size_t n = length >= kFragmentHeader ? length - kFragmentHeader : 0;
   const auto kind = static_cast<MsgKind>(h.reserved);
@@ -1400,6 +1398,7 @@ bool DeviceImpl::progress() {
     }
   }
   run_deferred();
+  // Relaxed: a stale zero only leaves the backlog to the next post or progress call.
   if (backlog_count_.load(std::memory_order_relaxed) != 0) flush_backlog();
   // Reposting costs one provider call per buffer. A poll that found work leaves it to the next
   // idle poll, so a reply is not held up by buffer bookkeeping (in a ping-pong the refill runs

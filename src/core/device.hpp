@@ -117,6 +117,8 @@ class DeviceImpl {
   std::uint64_t notify_data(const PutArgs& a) const;
   void check_iovec_fits(const AmIovecArgs& a) const;
   Status inject_small(MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer, std::size_t size);
+  // Whether a message of `size` payload bytes goes as fragments (never when fragment_limit_ is 0).
+  bool fragmented(std::size_t size) const noexcept { return size <= fragment_limit_ && sizeof(WireHeader) + size > caps_.inject_size; }
   Status post_fragments(MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer, std::size_t size);
   // Sends what it can of the backlog; true when the backlog is empty.
   bool flush_backlog();
@@ -161,7 +163,7 @@ class DeviceImpl {
   std::size_t credits_max_;
   // Payload bytes per fragment; 0 when messages are not fragmented (FERRY_FRAGMENT).
   std::size_t fragment_payload_ = 0;
-  // Messages above eager_limit_ and up to this go as fragments too (FERRY_FRAGMENT_MAX).
+  // Messages past the inject size and up to this go as fragments; 0 when fragmenting is off.
   std::size_t fragment_limit_ = 0;
 
   SpinLock poll_lock_;
