@@ -156,14 +156,22 @@ Endpoint::Endpoint(Fabric& fabric, std::size_t cq_size) : fabric_(fabric) {
   av_attr.type = FI_AV_TABLE;
   rc = fi_av_open(fabric.domain(), &av_attr, &av_, nullptr);
   if (rc != 0) fail("fi_av_open", rc);
-  rc = fi_endpoint(fabric.domain(), fabric.info(), &ep_, nullptr);
-  if (rc != 0) fail("fi_endpoint", rc);
-  rc = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV);
-  if (rc != 0) fail("fi_ep_bind(cq)", rc);
-  rc = fi_ep_bind(ep_, &av_->fid, 0);
-  if (rc != 0) fail("fi_ep_bind(av)", rc);
-  rc = fi_enable(ep_);
-  if (rc != 0) fail("fi_enable", rc);
+  // shm names an endpoint's segment after the process id. A segment left by a killed process
+  // whose id has since been reused (pid_max is often 32768) looks owned by a live process:
+  // shm then removes it and fails with FI_EBUSY, so the second attempt gets a fresh segment.
+  for (int attempt = 0;; ++attempt) {
+    rc = fi_endpoint(fabric.domain(), fabric.info(), &ep_, nullptr);
+    if (rc != 0) fail("fi_endpoint", rc);
+    rc = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV);
+    if (rc != 0) fail("fi_ep_bind(cq)", rc);
+    rc = fi_ep_bind(ep_, &av_->fid, 0);
+    if (rc != 0) fail("fi_ep_bind(av)", rc);
+    rc = fi_enable(ep_);
+    if (rc == 0) return;
+    if (rc != -FI_EBUSY || attempt == 1) fail("fi_enable", rc);
+    fi_close(&ep_->fid);
+    ep_ = nullptr;
+  }
 }
 
 Endpoint::~Endpoint() {
