@@ -115,6 +115,33 @@ def run_chains(cmd, env, timeout):
     return status, rc, wall, result, (err or "").strip()
 
 
+def c2c_probe(bin_dir, timeout=10):
+    """The cache-line round trip between cores 0 and 1 in ns (ferry-c2c), or None when the
+    probe is not built, the machine has one core, or it fails. On a virtual machine this moves
+    when the host moves the guest's cores, and shared-memory rates move with it: the drivers
+    log it next to every run (see ferry-c2c's header)."""
+    prog = Path(bin_dir) / "ferry-c2c"
+    if not prog.exists() or (os.cpu_count() or 1) < 2:
+        return None
+    try:
+        out = subprocess.run([str(prog)], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    j = last_json(out.stdout, "c2c")
+    return round(j["round_trip_ns"], 1) if out.returncode == 0 and j else None
+
+
+def c2c_summary(values):
+    """One line for a results summary: how the probe read over the runs."""
+    v = sorted(x for x in values if x is not None)
+    if not v:
+        return "core-to-core cache-line round trip: not measured (ferry-c2c not built)"
+    slow = sum(1 for x in v if x > 150)
+    return (f"core-to-core cache-line round trip before each run (ferry-c2c): median {v[len(v) // 2]:.0f} ns, "
+            f"{v[0]:.0f}..{v[-1]:.0f}; {slow} of {len(v)} runs above 150 ns (the host had placed the two "
+            f"cores apart: shared-memory rates drop, ferry's most)")
+
+
 def git_rev():
     """The commit that ran, with "-dirty" if the tree had uncommitted changes; "unknown"
     outside a git checkout."""

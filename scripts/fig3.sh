@@ -12,7 +12,7 @@ build="${FERRY_BUILD_DIR:-build}"
 scripts/deps.sh
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release
 # Only what the sweep runs: a broken target elsewhere in the tree must not block the figure.
-cmake --build "$build" -j "$(nproc)" --target ferry-chains ferryrun
+cmake --build "$build" -j "$(nproc)" --target ferry-chains ferry-c2c ferryrun
 
 # Debian's python3-matplotlib is only visible to the system interpreter, not to a python3
 # that may come first on PATH (pyenv, venv).

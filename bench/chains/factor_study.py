@@ -91,7 +91,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchkit import git_rev, positive, run_chains  # noqa: E402
+from benchkit import c2c_probe, c2c_summary, git_rev, positive, run_chains  # noqa: E402
 CORES = os.cpu_count() or 2
 
 # The design-space variables and ferry's defaults: the base configuration.
@@ -247,7 +247,8 @@ def metric_args(a, m):
         return ["--nchains", a.lat_chains, "--nsteps", a.lat_steps, "--nbytes", 8]
     if m.key == "lat16k":
         return ["--nchains", a.lat_chains, "--nsteps", a.lat_steps_zc, "--nbytes", 16384]
-    return ["--nchains", m.chains, "--nsteps", a.att_steps, "--nbytes", 8, "--task-us", a.task_us]
+    return ["--nchains", m.chains, "--nsteps", a.att_steps, "--nbytes", 8, "--task-us", a.task_us,
+            "--task-mode", a.task_mode] + (["--inline-tasks"] if a.att_inline else [])
 
 
 def value_of(m, result):
@@ -289,6 +290,13 @@ def parse_args(argv):
     p.add_argument("--lat-steps", type=positive, default=None, help="latency at 8 B: hops per chain (default 600; quick 60)")
     p.add_argument("--lat-steps-zc", type=positive, default=None, help="latency at 16 KiB: hops per chain (default 24; quick 4)")
     p.add_argument("--task-us", type=int, default=50, help="attentiveness: microseconds each task computes")
+    p.add_argument("--task-mode", choices=("spin", "sleep"), default="spin",
+                   help="attentiveness: how a task computes (ferry-chains --task-mode). With fewer cores than "
+                        "workers a spinning task also takes the core an idle worker needs: sleep shows the "
+                        "attentiveness effect as on a machine with a core per worker")
+    p.add_argument("--att-inline", action="store_true",
+                   help="attentiveness: run each hop's task on the worker that polled its parcel "
+                        "(ferry-chains --inline-tasks), tying parcel handling to device ownership")
     p.add_argument("--att-chains", default="1,3",
                    help="attentiveness: concurrent chains, comma-separated (one metric each). Fewer chains than "
                         "workers leave idle workers that could attend a busy worker's device")
@@ -418,7 +426,7 @@ def describe(settings):
 
 
 RUN_FIELDS = ["rep", "variants", "metric", "workers", "settings", "status", "exit", "value", "unit", "time_s",
-              "wall_s", "nchains", "nsteps", "nbytes", "task_us", "errors", "cmd", "stderr"]
+              "wall_s", "c2c_ns", "nchains", "nsteps", "nbytes", "task_us", "errors", "cmd", "stderr"]
 
 
 def sweep(a, out_dir):
@@ -448,12 +456,13 @@ def sweep(a, out_dir):
 def run_job(a, job, names, rep):
     m = METRICS[job.metric]
     cmd = command(a, job)
+    c2c = c2c_probe(a.bin_dir)
     status, rc, wall, result, err = run_chains(cmd, run_env(a, job), a.timeout)
     env_text = " ".join(f"{k}={v}" for k, v in job.settings)
     extra = "".join(f" {shlex.quote(kv)}" for kv in a.env)
     rec = {"rep": rep, "variants": " ".join(names), "metric": job.metric, "workers": job.workers,
            "settings": env_text, "status": status, "exit": "" if rc is None else rc, "unit": UNIT[m.kind],
-           "wall_s": f"{wall:.3f}", "cmd": env_text + extra + " " + " ".join(shlex.quote(c) for c in cmd),
+           "wall_s": f"{wall:.3f}", "c2c_ns": "" if c2c is None else c2c, "cmd": env_text + extra + " " + " ".join(shlex.quote(c) for c in cmd),
            "stderr": "" if status == "ok" else err[-1500:]}
     if result is not None:
         rec.update(nchains=result.get("nchains"), nsteps=result.get("nsteps"), nbytes=result.get("nbytes"),
@@ -657,7 +666,8 @@ def header(a, argv, info):
         f"- latency: {a.lat_chains} chains x {a.lat_steps} hops (8 B), x {a.lat_steps_zc} hops (16 KiB); "
         f"us per hop, normalised inverted",
         f"- attentiveness: {','.join(map(str, a.att_chains))} chains x {a.att_steps} hops of 8 B, {a.task_us} us of "
-        f"computation (busy-spinning) per task",
+        f"computation per task ({'busy-spinning' if a.task_mode == 'spin' else 'sleeping: a core of its own'}"
+        f"{', run inline by the polling worker' if a.att_inline else ''})",
         "- the machine is shared and has few cores: absolute numbers are noisy; read the ratios, and the "
         "min..max spread next to them" + load_note(info),
     ] + ([f"- extra environment: {', '.join(a.env)}"] if a.env else []))
@@ -665,7 +675,8 @@ def header(a, argv, info):
 
 def report(a, argv, info, records, out_dir):
     stats = aggregate(records)
-    rows, md = [], ["# ferry factor study (paper 000 §5)\n", header(a, argv, info), ""]
+    probes = [float(r["c2c_ns"]) for r in records if r.get("c2c_ns") not in (None, "")]
+    rows, md = [], ["# ferry factor study (paper 000 §5)\n", header(a, argv, info), "- " + c2c_summary(probes), ""]
     pngs = []
     for fam in a.family_list:
         fr = family_rows(a, fam, stats)

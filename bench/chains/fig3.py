@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchkit import git_rev, int_list, positive, run_chains  # noqa: E402
+from benchkit import c2c_probe, c2c_summary, git_rev, int_list, positive, run_chains  # noqa: E402
 PARCELPORTS = ["ferry", "mpi", "mpi_a", "mpix"]
 MPI_KINDS = {"mpi", "mpi_a", "mpix"}
 # The paper's baselines are mpi and mpi_a; mpix is this project's extra variant, shown but kept
@@ -223,6 +223,7 @@ def sweep(a, out_dir):
                     if pp in unsupported:
                         rec.update(status="skipped", reason=unsupported[pp])
                     else:
+                        rec["c2c_ns"] = c2c_probe(a.bin_dir)
                         try:
                             status, rc, wall, result, err = run_chains(cmd, env, a.timeout)
                         except OSError as e:  # the launcher itself is missing
@@ -240,8 +241,9 @@ def sweep(a, out_dir):
                             f"{pp:<6} rep {rep + 1}/{a.reps}: ")
                     if rec["status"] == "ok":
                         v = value_of(kind, rec["result"])
+                        c2c = f", c2c {rec['c2c_ns']:.0f} ns" if rec.get("c2c_ns") is not None else ""
                         extra = f"  (nchains {rec['result']['nchains']}, nsteps {rec['result']['nsteps']}, " \
-                                f"wall {rec['wall_s']:.1f} s)"
+                                f"wall {rec['wall_s']:.1f} s{c2c})"
                         print(head + (f"{v:12.4g} msg/s" if kind == "rate" else f"{v:10.2f} us/hop") + extra,
                               flush=True)
                     else:
@@ -495,6 +497,7 @@ def main(argv):
         (f"; FERRY_PROVIDER={os.environ['FERRY_PROVIDER']}" if "FERRY_PROVIDER" in os.environ else ""),
     ])
     records = sweep(a, out_dir)
+    header += "\n- " + c2c_summary([r.get("c2c_ns") for r in records if r.get("status") != "skipped"])
     report(records, out_dir, a, header)
     return 0
 
