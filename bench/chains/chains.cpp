@@ -6,9 +6,12 @@
 // locality (the Blob received zero-copy is passed on as it is: no copy, no new allocation).
 //   flood   (message rate): nsteps = 1, very many chains — every chain is one parcel;
 //   latency (ping-pong-like): many steps, few chains — time per hop with `nchains` in flight.
-// With --task-us U every hop's task first computes (busy-spins) for U microseconds: workers are
-// busy when parcels arrive, which is what the device-polling and progress-stealing policies
-// (paper 001 §5.2, paper 004) are about.
+// With --task-us U every hop's task first computes for U microseconds: workers are busy when
+// parcels arrive, which is what the device-polling and progress-stealing policies (paper 001
+// §5.2, paper 004) are about. --task-mode spin (the default) busy-spins, as real computation
+// does; --task-mode sleep sleeps instead, which stands for computation on a core of the task's
+// own: on a machine with fewer cores than workers a spinning task takes the core an idle
+// worker would need to notice a parcel, so the attentiveness effect is hidden by the scheduler.
 //
 // Termination needs no global protocol: each locality knows how many chains end on it (the
 // parity of nsteps decides), counts them, and when all have ended tells locality 0 with one
@@ -21,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -46,8 +50,10 @@ struct Args {
   std::int64_t devices = 0;
   std::int64_t warmup = 16;
   std::int64_t task_us = 0;
+  std::string task_mode = "spin";
   bool single_source = false;
   bool pin = false;
+  bool inline_tasks = false;
   bool json = false;
   std::string parcelport;
 };
@@ -85,8 +91,12 @@ bool is_rank_zero_by_env() {
 // Keeps the worker's core busy for `us` microseconds, as a compute task would. Not a sleep: a
 // sleeping worker would let the OS run another worker (or the progress thread) in its place,
 // and the busy worker would not look busy to the core or to the steal policy's owner counts.
-void compute_for(std::int64_t us) {
+void compute_for(std::int64_t us, bool sleep) {
   if (us <= 0) return;
+  if (sleep) {
+    std::this_thread::sleep_for(std::chrono::microseconds(us));
+    return;
+  }
   const auto until = Clock::now() + std::chrono::microseconds(us);
   while (Clock::now() < until) {
   }
@@ -118,6 +128,7 @@ struct Bench {
   int me = 0, peer = 1;
   std::uint64_t nchains = 0, nsteps = 0, nbytes = 0, batch = 1;
   std::int64_t task_us = 0;  // compute per hop task
+  bool task_sleeps = false;  // --task-mode sleep
   std::uint64_t first_on_1 = 0;  // chains [0, first_on_1) start on locality 0, the rest on 1
   std::uint64_t ends_here = 0;
 
@@ -209,8 +220,13 @@ int main(int argc, char** argv) {
   // Up to 10 s per task: more is surely a typo (a chain of 100 hops would take over 15 minutes).
   app.add_option("--task-us", a.task_us, "microseconds each hop's task computes (busy-spins) before forwarding")
       ->check(integer_in(0, 10'000'000));
+  app.add_option("--task-mode", a.task_mode,
+                 "how a task computes: spin (busy, the default) or sleep (a core of its own; for machines with fewer cores than workers)")
+      ->check(CLI::IsMember({"spin", "sleep"}));
   app.add_flag("--single-source", a.single_source, "all chains start on locality 0 (default: half on each)");
   app.add_flag("--pin", a.pin, "pin worker i to core i % cores");
+  app.add_flag("--inline-tasks", a.inline_tasks,
+               "a hop's task runs on the worker that polled its parcel (amt::Options::inline_calls), not via the shared queue");
   app.add_flag("--json", a.json, "one JSON object per run (locality 0)");
 
   const bool loud = is_rank_zero_by_env();
@@ -238,6 +254,7 @@ int main(int argc, char** argv) {
   opt.threads = static_cast<int>(a.threads);
   opt.devices = static_cast<int>(a.devices);
   opt.pin = a.pin;
+  opt.inline_calls = a.inline_tasks;
 
   static Bench b;  // static: outlives any task that might still touch it during teardown
   try {
@@ -256,12 +273,13 @@ int main(int argc, char** argv) {
     b.nbytes = static_cast<std::uint64_t>(a.nbytes);
     b.batch = static_cast<std::uint64_t>(a.batch_size);
     b.task_us = a.task_us;
+    b.task_sleeps = a.task_mode == "sleep";
     b.first_on_1 = a.single_source ? b.nchains : (b.nchains + 1) / 2;
     const std::uint64_t starts_here = b.me == 0 ? b.first_on_1 : b.nchains - b.first_on_1;
     b.ends_here = b.nsteps % 2 == 1 ? b.nchains - starts_here : starts_here;
 
     b.hop = rt.action("chains.hop", [](std::uint64_t chain, std::uint32_t left, Blob payload) {
-      compute_for(b.task_us);  // every hop's task, the last one too: each hop costs the same
+      compute_for(b.task_us, b.task_sleeps);  // every hop's task, the last one too: each hop costs the same
       if (left == 0) {
         b.chain_ended(chain, payload);
       } else {
@@ -317,6 +335,8 @@ int main(int argc, char** argv) {
                           {"pin", a.pin},
                           {"warmup", a.warmup},
                           {"task_us", a.task_us},
+                          {"task_mode", a.task_mode},
+                          {"inline_tasks", a.inline_tasks},
                           {"messages", b.nchains * b.nsteps},
                           {"time_s", time_s},
                           {"latency_us", latency_us},
@@ -330,7 +350,7 @@ int main(int argc, char** argv) {
                   rt.parcelport().c_str(), static_cast<unsigned long long>(b.nchains),
                   static_cast<unsigned long long>(b.nsteps), static_cast<unsigned long long>(b.nbytes), rt.threads(),
                   a.single_source ? ", single source" : "",
-                  a.task_us > 0 ? (", " + std::to_string(a.task_us) + " us per task").c_str() : "", time_s, latency_us, msg_rate,
+                  a.task_us > 0 ? (", " + std::to_string(a.task_us) + " us per task (" + a.task_mode + ")").c_str() : "", time_s, latency_us, msg_rate,
                   static_cast<unsigned long long>(errors));
     }
     std::fflush(stdout);

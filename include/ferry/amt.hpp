@@ -72,6 +72,13 @@ struct Options {
   std::size_t zc_threshold = 8192;   // arrays at least this large travel zero-copy
   int devices = 0;                   // ferry parcelport devices / mpix communicators (0: default)
   bool iovec = false;                // ferry parcelport: follow-ups as one iovec message
+  // A call arriving while a worker polls runs at once on that worker, inside background_work,
+  // instead of going to the shared task queue (where any idle worker would take it). Parcel
+  // handling is then tied to the thread that polled the device, as in runtimes that run
+  // handlers inline: this is what makes device polling policies matter (paper 001 §5.2). A
+  // call that waits on a future helps from inside that poll (nested). Calls polled by threads
+  // that are not workers still go through the queue.
+  bool inline_calls = false;
 };
 
 class Runtime;

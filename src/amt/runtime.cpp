@@ -104,6 +104,10 @@ class Runtime::Impl final : public parcel::Upcalls {
     switch (kind) {
       case Kind::call: {
         received_.fetch_add(1, std::memory_order_relaxed);
+        if (options_.inline_calls && tls_worker_of == this) {
+          run_inline(source, p);
+          return;
+        }
         auto shared = std::make_shared<parcel::Parcel>(std::move(p));
         spawn([this, source, shared] { run_call(source, *shared); });
         return;
@@ -156,6 +160,20 @@ class Runtime::Impl final : public parcel::Upcalls {
     // acq_rel: a termination wave that reads zero sees everything this task did (its sends).
     active_.fetch_sub(1, std::memory_order_acq_rel);
     return true;
+  }
+
+  // Options::inline_calls: the task runs here, on the worker that polled its parcel. It is
+  // counted in active_ like a spawned task, so a termination wave never sees it half done.
+  void run_inline(int source, parcel::Parcel& p) {
+    active_.fetch_add(1, std::memory_order_acq_rel);
+    try {
+      const BusyMark busy(*this);
+      run_call(source, p);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ferry amt: locality %d: a task failed: %s\n", locality(), e.what());
+      errors_.fetch_add(1, std::memory_order_relaxed);
+    }
+    active_.fetch_sub(1, std::memory_order_acq_rel);
   }
 
   bool help() { return run_one() || transport_->background_work(); }

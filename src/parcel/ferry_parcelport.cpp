@@ -401,9 +401,12 @@ class FerryTransport final : public Transport {
       case Polling::local: {
         bool any = progress_device(own);
         // Starvation guard: a device no thread maps to (fewer pollers than devices, or a
-        // poller that left) would never progress. One idle call in 256 also polls another
-        // device, which keeps "local" live without making it "global".
-        if (!any && (++t.misses & 255u) == 0) any = progress_device((own + 1 + t.rng.below(n - 1)) % n);
+        // poller that left) would never progress. One idle call in 4096 also polls another
+        // device, which keeps "local" live (a worker's idle loop makes that call within about
+        // a millisecond) without making it "global": a parcel on a busy worker's device still
+        // waits for that worker's task to end, as paper 001 §5.2 describes, unless the task
+        // is long. (One in 256 answered within tens of microseconds and hid that cost.)
+        if (!any && (++t.misses & 4095u) == 0) any = progress_device((own + 1 + t.rng.below(n - 1)) % n);
         return any;
       }
       case Polling::random:

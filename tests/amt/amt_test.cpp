@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--parcelport" && i + 1 < argc) opt.parcelport = argv[++i];
     else if (a == "--threads" && i + 1 < argc) opt.threads = std::atoi(argv[++i]);
+    else if (a == "--inline-calls") opt.inline_calls = true;
     else {
       std::fprintf(stderr, "amt_test: unknown argument '%s'\n", a.c_str());
       return 2;
