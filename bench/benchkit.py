@@ -4,6 +4,7 @@ Python standard library only, so /usr/bin/python3 runs it without a package inde
 """
 
 import argparse
+import datetime
 import json
 import os
 import signal
@@ -113,6 +114,23 @@ def run_chains(cmd, env, timeout):
     else:
         status = "ok"
     return status, rc, wall, result, (err or "").strip()
+
+
+def missing_program(bin_dir, programs, script):
+    """None when every program is in bin_dir, else the message that names the first missing one
+    and the script that builds it."""
+    for prog in programs:
+        if not (Path(bin_dir) / prog).exists():
+            return f"{Path(bin_dir) / prog} is missing; build it first ({script} does)"
+    return None
+
+
+def results_dir(out, name, stamp_format):
+    """The run's results folder, created: --out if given, else results/<name>-<stamp>."""
+    stamp = datetime.datetime.now().strftime(stamp_format)
+    d = (Path(out) if out else ROOT / "results" / f"{name}-{stamp}").resolve()
+    d.mkdir(parents=True, exist_ok=True)
+    return d
 
 
 def c2c_probe(bin_dir, timeout=10):

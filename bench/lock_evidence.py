@@ -49,7 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchkit import check_env, git_rev, int_list, last_json, name_list, positive, run_in_group  # noqa: E402
+from benchkit import check_env, git_rev, missing_program, results_dir, int_list, last_json, name_list, positive, run_in_group  # noqa: E402
 
 LOCK_MODELS = ["lockless", "trylock", "block", "lockq", "csync", "offload"]
 QUEUES = ["ring", "faa", "ms", "lock"]
@@ -810,13 +810,11 @@ def main(argv):
     a = parse_args(argv)
     if a.replot:
         return replot(Path(a.replot))
-    for prog in ("ferryrun", "ferry-bench"):
-        if not (Path(a.bin_dir) / prog).exists():
-            log(f"lock-evidence: {Path(a.bin_dir) / prog} is missing; build it first (scripts/lock-evidence.sh does)")
-            return 1
-    stamp = datetime.datetime.now().strftime("%Y%m%d")
-    out_dir = (Path(a.out) if a.out else ROOT / "results" / f"lock-evidence-{stamp}").resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    missing = missing_program(a.bin_dir, ("ferryrun", "ferry-bench"), "scripts/lock-evidence.sh")
+    if missing:
+        log(f"lock-evidence: {missing}")
+        return 1
+    out_dir = results_dir(a.out, "lock-evidence", "%Y%m%d")
     cores = os.cpu_count() or 1
     meta = {"when": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "host": platform.node(), "cores": cores,
             "commit": git_rev(), "build_type": build_type(a.bin_dir), "load_start": "%.1f" % os.getloadavg()[0],

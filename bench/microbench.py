@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchkit import check_env, git_rev, int_list, name_list, positive, run_in_group  # noqa: E402
+from benchkit import check_env, git_rev, missing_program, results_dir, int_list, name_list, positive, run_in_group  # noqa: E402
 LOCK_MODELS = ["lockless", "trylock", "block", "lockq", "csync", "offload"]
 PATTERNS = ["send", "recv", "put"]
 QUEUES = ["ring", "faa", "ms", "lock"]
@@ -501,13 +501,11 @@ def main(argv):
         rows = read_raw(out_dir)
         report(out_dir, rows, meta)
         return 1 if any(r["status"] != "ok" for r in rows) else 0
-    for prog in ("ferryrun", "ferry-bench"):
-        if not (Path(a.bin_dir) / prog).exists():
-            log(f"microbench: {Path(a.bin_dir) / prog} is missing; build it first (scripts/microbench.sh does)")
-            return 1
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out_dir = (Path(a.out) if a.out else ROOT / "results" / f"microbench-{stamp}").resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    missing = missing_program(a.bin_dir, ("ferryrun", "ferry-bench"), "scripts/microbench.sh")
+    if missing:
+        log(f"microbench: {missing}")
+        return 1
+    out_dir = results_dir(a.out, "microbench", "%Y%m%d-%H%M%S")
     cores = os.cpu_count() or 1
     meta = {"when": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "host": platform.node(), "cores": cores,
             "commit": git_rev(), "reps": a.reps, "threads": a.threads, "size": a.size, "window": a.window,

@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
   app.add_option("--devices", a.devices, "ferry devices / mpix communicators (0: default)")->check(integer_in(0, 1024));
   app.add_option("--warmup", a.warmup, "untimed nbytes round trips before the start")->check(integer_in(0, 1ll << 30));
   // Up to 10 s per task: more is surely a typo (a chain of 100 hops would take over 15 minutes).
-  app.add_option("--task-us", a.task_us, "microseconds each hop's task computes (busy-spins) before forwarding")
+  app.add_option("--task-us", a.task_us, "microseconds each hop's task computes (see --task-mode) before forwarding")
       ->check(integer_in(0, 10'000'000));
   app.add_option("--task-mode", a.task_mode,
                  "how a task computes: spin (busy, the default) or sleep (a core of its own; for machines with fewer cores than workers)")
