@@ -49,6 +49,9 @@ namespace ferry {
     "who progresses: explicit, implicit, thread:N (N progress threads), steal")            \
   X(device_polling, "FERRY_DEVICE_POLLING", "local",                                       \
     "which devices an idle thread polls: local, random, global")                           \
+  X(parcel_queues, "FERRY_PARCEL_QUEUES", "shared",                                        \
+    "the ferry parcelport's completion queues: shared (one for every device), device (one " \
+    "per device, drained only by the threads that poll it)")                               \
   X(parcelport, "FERRY_PARCELPORT", "ferry",                                               \
     "ferry::amt's parcel transport: ferry, mpi, mpi_a, mpix")                              \
   X(amt_threads, "FERRY_AMT_THREADS", "1", "ferry::amt worker threads per locality")
@@ -84,6 +87,7 @@ struct RuntimeOptions {
   std::string header{};
   std::string progress{};
   std::string device_polling{};
+  std::string parcel_queues{};
   // Read by ferry::amt (amt::Options), listed here so the one table shows every setting.
   std::string parcelport{};
   int amt_threads = 0;

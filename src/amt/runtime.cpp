@@ -104,7 +104,11 @@ class Runtime::Impl final : public parcel::Upcalls {
     switch (kind) {
       case Kind::call: {
         received_.fetch_add(1, std::memory_order_relaxed);
-        if (options_.inline_calls && tls_worker_of == this) {
+        // One inline call per background_work: a transport hands over up to a batch of parcels
+        // per call, and running them all here would queue the later ones behind the first
+        // task while other workers idle. The rest go to the task queue.
+        if (options_.inline_calls && tls_worker_of == this && !tls_inline_ran) {
+          tls_inline_ran = true;
           run_inline(source, p);
           return;
         }
@@ -176,13 +180,18 @@ class Runtime::Impl final : public parcel::Upcalls {
     active_.fetch_sub(1, std::memory_order_acq_rel);
   }
 
-  bool help() { return run_one() || transport_->background_work(); }
+  bool help() {
+    if (run_one()) return true;
+    tls_inline_ran = false;
+    return transport_->background_work();
+  }
 
   // Marks this worker busy for the transport while it runs its outermost task (a task that
   // helps inside Future::get runs nested tasks: those do not count again). Only the runtime's
   // own workers report: a thread of the application is not a device's owner.
   static thread_local const Impl* tls_worker_of;
   static thread_local int tls_task_depth;
+  static thread_local bool tls_inline_ran;  // this background_work already ran a call inline
   struct BusyMark {
     const Impl& rt;
     const bool mine;
@@ -427,6 +436,7 @@ class Runtime::Impl final : public parcel::Upcalls {
 
 thread_local const Runtime::Impl* Runtime::Impl::tls_worker_of = nullptr;
 thread_local int Runtime::Impl::tls_task_depth = 0;
+thread_local bool Runtime::Impl::tls_inline_ran = false;
 
 Runtime::Runtime(Options options) : impl_(std::make_unique<Impl>(*this, std::move(options))) {}
 Runtime::~Runtime() {

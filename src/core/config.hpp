@@ -29,6 +29,7 @@ struct Config {
   std::string progress;        // explicit, implicit, thread:N, steal
   int progress_threads;        // N of thread:N, else 0
   std::string device_polling;  // local, random, global
+  std::string parcel_queues;   // shared, device
 };
 
 // Explicit option, else environment, else default. Throws ferry::Error on a malformed value,

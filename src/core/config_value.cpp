@@ -27,6 +27,7 @@ std::string Runtime::config_value(const std::string& name) const {
   if (name == "header") return c.header;
   if (name == "progress") return c.progress;
   if (name == "device_polling") return c.device_polling;
+  if (name == "parcel_queues") return c.parcel_queues;
   throw Error("config_value: '" + name + "' is not an option of the core runtime (see ferry-info)");
 }
 

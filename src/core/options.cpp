@@ -134,6 +134,7 @@ Config resolve_config(const RuntimeOptions& o) {
   c.fragment = choice("FERRY_FRAGMENT", o.fragment, "auto", {"auto", "off"});
   c.header = choice("FERRY_HEADER", o.header, "am", {"am", "sendrecv"});
   c.device_polling = choice("FERRY_DEVICE_POLLING", o.device_polling, "local", {"local", "random", "global"});
+  c.parcel_queues = choice("FERRY_PARCEL_QUEUES", o.parcel_queues, "shared", {"shared", "device"});
   c.progress = pick(o.progress, "FERRY_PROGRESS", "explicit");
   c.progress_threads = 0;
   if (c.progress.rfind("thread:", 0) == 0) {

@@ -33,6 +33,10 @@
 //    a busy owner's device likely to have work; progress_policy.hpp).
 //  - FERRY_DEVICE_POLLING (explicit and implicit): local (own device), random (one uniformly
 //    random device per call), global (every device per call).
+//  - FERRY_PARCEL_QUEUES: shared (one completion queue; an idle worker handles a parcel whichever
+//    device brought it) or device (a queue per device, exposed as AM target kHeaderTarget + d;
+//    a thread drains only the queues of the devices it polls — paper 001's devices, and with
+//    them its attentiveness problem).
 #include "parcel/ferry_parcelport.hpp"
 
 #include <algorithm>
@@ -200,11 +204,15 @@ class FerryTransport final : public Transport {
     polling_ = polling == "random" ? Polling::random : polling == "global" ? Polling::global : Polling::local;
     sendrecv_ = rt_.config_value("header") == "sendrecv";
     sync_ = rt_.config_value("completion") == "sync";
+    per_device_ = rt_.config_value("parcel_queues") == "device" && rt_.device_count() > 1;
     for (int d = 0; d < rt_.device_count(); ++d) devs_.push_back(&rt_.device(d));
     if (progress_ == Progress::steal) policy_ = std::make_unique<StealPolicy>(rt_.device_count());
     if (sync_) pool_ = std::make_unique<SyncPool>();
 
-    exposure_ = rt_.expose(cq_, kHeaderTarget);
+    for (int q = 0; q < (per_device_ ? rt_.device_count() : 1); ++q) {
+      cqs_.push_back(std::make_unique<CompletionQueue>());
+      exposures_.push_back(rt_.expose(*cqs_.back(), static_cast<std::uint16_t>(kHeaderTarget + q)));
+    }
     max_header_ = rt_.device(0).eager_limit();
     if (options.max_header != 0 && options.max_header < max_header_) max_header_ = options.max_header;
     if (max_header_ < sizeof(WireHeader) + 8) {
@@ -300,7 +308,7 @@ class FerryTransport final : public Transport {
       args.eager = {scratch.data(), header_size};
       if (!piggyback) args.parts.push_back({parcel.nzc.data, parcel.nzc.size});
       for (const Chunk& c : parcel.zc) args.parts.push_back({c.data, c.size});
-      args.target = {kHeaderTarget};
+      args.target = {header_target(dev_index)};
       args.context = static_cast<State*>(st);
       st->remaining.store(1, std::memory_order_relaxed);
       // The header bytes live in `scratch`: a deferred post needs its own copy.
@@ -391,29 +399,49 @@ class FerryTransport final : public Transport {
 
   bool progress_device(int d) { return devs_[static_cast<std::size_t>(d)]->progress(); }
 
+  CompletionQueue& cq_of(int d) noexcept { return *cqs_[per_device_ ? static_cast<std::size_t>(d) : 0]; }
+  std::uint16_t header_target(int d) const noexcept {
+    return static_cast<std::uint16_t>(kHeaderTarget + (per_device_ ? d : 0));
+  }
+
+  // parcel_queues=device: what "polling device d" means: progress it (unless progress threads
+  // do that) and handle what its own queue holds. Nobody else takes d's completions, so a
+  // parcel on a busy worker's device waits for a poller, as paper 001 §5.2 describes.
+  bool service(int d, bool progress) {
+    bool any = progress && progress_device(d);
+    any |= drain_queue(cq_of(d));
+    return any;
+  }
+
   // explicit / implicit: progress the devices FERRY_DEVICE_POLLING picks.
   bool poll_devices() {
+    return for_polled_devices([this](int d) { return per_device_ ? service(d, true) : progress_device(d); });
+  }
+
+  // Applies visit to the devices FERRY_DEVICE_POLLING picks for this call; true if any visit was.
+  template <class Visit>
+  bool for_polled_devices(Visit&& visit) {
     const int n = static_cast<int>(devs_.size());
-    if (n == 1) return progress_device(0);
+    if (n == 1) return visit(0);
     const int own = thread_index() % n;
     PerThread& t = per_thread();
     switch (polling_) {
       case Polling::local: {
-        bool any = progress_device(own);
+        bool any = visit(own);
         // Starvation guard: a device no thread maps to (fewer pollers than devices, or a
         // poller that left) would never progress. One idle call in 4096 also polls another
         // device, which keeps "local" live (a worker's idle loop makes that call within about
         // a millisecond) without making it "global": a parcel on a busy worker's device still
         // waits for that worker's task to end, as paper 001 §5.2 describes, unless the task
         // is long. (One in 256 answered within tens of microseconds and hid that cost.)
-        if (!any && (++t.misses & 4095u) == 0) any = progress_device((own + 1 + t.rng.below(n - 1)) % n);
+        if (!any && (++t.misses & 4095u) == 0) any = visit((own + 1 + t.rng.below(n - 1)) % n);
         return any;
       }
       case Polling::random:
-        return progress_device(t.rng.below(n));
+        return visit(t.rng.below(n));
       case Polling::global: {
         bool any = false;
-        for (int k = 0; k < n; ++k) any |= progress_device((own + k) % n);  // own first
+        for (int k = 0; k < n; ++k) any |= visit((own + k) % n);  // own first
         return any;
       }
     }
@@ -422,8 +450,19 @@ class FerryTransport final : public Transport {
 
   bool steal() {
     PerThread& t = per_thread();
-    return policy_->poll(thread_index() % static_cast<int>(devs_.size()), t.numa_node(), t.rng,
-                         [this](int d) { return progress_device(d); });
+    // With queues per device, the queues of the devices progressed here are drained after the
+    // policy dropped its in_progress flag: a parcel handled here may run its task inline, and
+    // a device must not look taken (unstealable) for the length of a task.
+    int visited[2];
+    int nvisited = 0;
+    bool any = policy_->poll(thread_index() % static_cast<int>(devs_.size()), t.numa_node(), t.rng, [&](int d) {
+      if (nvisited < 2) visited[nvisited++] = d;
+      return progress_device(d);
+    });
+    if (per_device_) {
+      for (int i = 0; i < nvisited; ++i) any |= drain_queue(cq_of(visited[i]));
+    }
+    return any;
   }
 
   // An operation that completes on device d is under way: d likely has work (steal's hint).
@@ -437,7 +476,7 @@ class FerryTransport final : public Transport {
   template <class Post>
   Status post_op(int d, Post&& post) {
     if (!sync_) {
-      const Status s = post(static_cast<CompletionObject*>(&cq_));
+      const Status s = post(static_cast<CompletionObject*>(&cq_of(d)));
       if (s.is_posted()) expect(d);
       return s;
     }
@@ -472,7 +511,7 @@ class FerryTransport final : public Transport {
 
   Status post_header_once(Device& dev, int dest, const std::byte* data, std::size_t size) {
     if (sendrecv_) return dev.post_send({.rank = dest, .buffer = data, .size = size, .tag = kHeaderTag});
-    return dev.post_am({.rank = dest, .buffer = data, .size = size, .target = {kHeaderTarget}});
+    return dev.post_am({.rank = dest, .buffer = data, .size = size, .target = {header_target(dev.index())}});
   }
 
   void post_header(Device& dev, int dest, const std::byte* data, std::size_t size) {
@@ -487,7 +526,7 @@ class FerryTransport final : public Transport {
 
   // header=sendrecv: posts hs's receive (armed, with completion=sync).
   Status post_header_recv(HeaderSlot* hs) {
-    CompletionObject* local = &cq_;
+    CompletionObject* local = &cq_of(hs->device);
     if (sync_) {
       hs->slot.arm();
       local = &hs->slot.sync;
@@ -618,11 +657,13 @@ class FerryTransport final : public Transport {
   bool drain_completions() {
     bool any = false;
     if (use_cq()) {
-      for (int i = 0; i < 8; ++i) {
-        auto c = cq_.pop();
-        if (!c) break;
-        any = true;
-        handle(std::move(*c));
+      // parcel_queues=device: the queues of the devices the polling policy picks. explicit and
+      // steal drained them as they progressed; implicit tests them before it progresses;
+      // progress threads leave the workers only the queues.
+      if (!per_device_) {
+        any = drain_queue(*cqs_[0]);
+      } else if (progress_ == Progress::thread || progress_ == Progress::implicit) {
+        any = for_polled_devices([this](int d) { return service(d, false); });
       }
     }
     if (sync_) {
@@ -636,6 +677,17 @@ class FerryTransport final : public Transport {
     }
     return any;
   }
+  bool drain_queue(CompletionQueue& q) {
+    bool any = false;
+    for (int i = 0; i < 8; ++i) {
+      auto c = q.pop();
+      if (!c) break;
+      any = true;
+      handle(std::move(*c));
+    }
+    return any;
+  }
+
   // With sync and sendrecv nothing completes into the queue — except in iovec mode, whose
   // parcels with follow-ups travel as one active message (header and parts) to the queue.
   bool use_cq() const noexcept { return !(sync_ && sendrecv_) || iovec_; }
@@ -808,8 +860,11 @@ class FerryTransport final : public Transport {
   bool sync_ = false;
   std::vector<Device*> devs_;
   std::size_t max_header_ = 0;
-  CompletionQueue cq_;
-  Exposure exposure_;
+  bool per_device_ = false;  // parcel_queues=device (with more than one device)
+  // One completion queue, or one per device (per_device_), each exposed as the AM target
+  // kHeaderTarget + its device: a header lands in the queue of the device it arrived on.
+  std::vector<std::unique_ptr<CompletionQueue>> cqs_;
+  std::vector<Exposure> exposures_;
   std::vector<std::atomic<std::uint32_t>> tags_;
   // Which transport a thread registered as an owner in (PerThread::owner_of): never 0.
   const std::uint64_t generation_ = next_generation();

@@ -128,7 +128,7 @@ TEST_F(Env, DefaultsMatchTheOptionTable) {
       const std::map<std::string, std::string> text = {
           {"bootstrap", "auto"}, {"provider", "auto"}, {"parcelport", "ferry"}, {"amt_threads", "1"},
           {"lock_model", "lockless"}, {"completion", "cq"}, {"header", "am"}, {"progress", "explicit"},
-          {"device_polling", "local"}, {"fragment", "auto"}};
+          {"device_polling", "local"}, {"parcel_queues", "shared"}, {"fragment", "auto"}};
       ASSERT_TRUE(text.count(o.name)) << o.name << " has no checked default";
       EXPECT_EQ(o.default_value, text.at(o.name)) << o.name;
       continue;
@@ -171,6 +171,17 @@ TEST_F(Env, FragmentIsAutoOrOffAndAnythingElseListsBoth) {
   ASSERT_TRUE(what.has_value());
   EXPECT_TRUE(contains(*what, "FERRY_FRAGMENT='always'")) << *what;
   EXPECT_TRUE(contains(*what, "auto, off")) << *what;
+}
+
+TEST_F(Env, ParcelQueuesIsSharedOrDeviceAndAnythingElseListsBoth) {
+  EXPECT_EQ(resolve_config({}).parcel_queues, "shared");
+  set("FERRY_PARCEL_QUEUES", "device");
+  EXPECT_EQ(resolve_config({}).parcel_queues, "device");
+  set("FERRY_PARCEL_QUEUES", "per_thread");
+  const std::optional<std::string> what = error_of([] { (void)resolve_config({}); });
+  ASSERT_TRUE(what.has_value());
+  EXPECT_TRUE(contains(*what, "FERRY_PARCEL_QUEUES='per_thread'")) << *what;
+  EXPECT_TRUE(contains(*what, "shared, device")) << *what;
 }
 
 // An empty variable counts as unset (`FERRY_PACKETS= prog` should not be an error).
@@ -288,7 +299,7 @@ TEST(OptionTable, ListsEveryVariableOnceWithConsistentNames) {
                                           "FERRY_RDV_THRESHOLD", "FERRY_PARCELPORT",  "FERRY_AMT_THREADS",
                                           "FERRY_RECV_DESCRIPTORS", "FERRY_LOCK_MODEL",   "FERRY_COMPLETION",
                                           "FERRY_HEADER",      "FERRY_PROGRESS",     "FERRY_DEVICE_POLLING",
-                                          "FERRY_FRAGMENT",    "FERRY_FRAGMENT_MAX"};
+                                          "FERRY_FRAGMENT",    "FERRY_FRAGMENT_MAX", "FERRY_PARCEL_QUEUES"};
   std::multiset<std::string> envs, names;
   for (const ferry::OptionInfo& o : ferry::option_table()) {
     ASSERT_NE(o.name, nullptr);
