@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -51,6 +52,7 @@ struct Args {
   std::int64_t warmup = 16;
   std::int64_t task_us = 0;
   std::string task_mode = "spin";
+  std::string task_dist = "fixed";
   bool single_source = false;
   bool pin = false;
   bool inline_tasks = false;
@@ -102,6 +104,21 @@ void compute_for(std::int64_t us, bool sleep) {
   }
 }
 
+// How long the task of hop `left` of `chain` computes. fixed: `mean`. exp: exponentially
+// distributed with that mean (capped at 20x), as irregular AMT tasks are; drawn from a hash of
+// (chain, left), so every run and every parcelport gets the same durations. With fixed tasks the
+// chains fall into lock step and never meet on a busy worker; irregular ones keep meeting there.
+std::int64_t task_length(std::int64_t mean, bool exponential, std::uint64_t chain, std::uint32_t left) {
+  if (!exponential || mean <= 0) return mean;
+  std::uint64_t x = (chain * 0x9E3779B97F4A7C15ull) ^ (std::uint64_t{left} * 0xC2B2AE3D27D4EB4Full);
+  x ^= x >> 33;
+  x *= 0xFF51AFD7ED558CCDull;
+  x ^= x >> 33;
+  const double u = (static_cast<double>(x >> 11) + 1.0) / 9007199254740993.0;  // (0, 1]
+  const double length = std::min(-std::log(u), 20.0) * static_cast<double>(mean);
+  return static_cast<std::int64_t>(length + 0.5);
+}
+
 // Cheap integrity check: the first and last byte of a chain's payload are a function of the
 // chain id, stamped when the chain starts and checked where it ends (after nsteps transfers).
 std::uint8_t tag(std::uint64_t chain, int which) {
@@ -129,6 +146,7 @@ struct Bench {
   std::uint64_t nchains = 0, nsteps = 0, nbytes = 0, batch = 1;
   std::int64_t task_us = 0;  // compute per hop task
   bool task_sleeps = false;  // --task-mode sleep
+  bool task_exp = false;     // --task-dist exp
   std::uint64_t first_on_1 = 0;  // chains [0, first_on_1) start on locality 0, the rest on 1
   std::uint64_t ends_here = 0;
 
@@ -223,6 +241,9 @@ int main(int argc, char** argv) {
   app.add_option("--task-mode", a.task_mode,
                  "how a task computes: spin (busy, the default) or sleep (a core of its own; for machines with fewer cores than workers)")
       ->check(CLI::IsMember({"spin", "sleep"}));
+  app.add_option("--task-dist", a.task_dist,
+                 "task lengths: fixed (every task --task-us) or exp (exponential, mean --task-us: irregular tasks)")
+      ->check(CLI::IsMember({"fixed", "exp"}));
   app.add_flag("--single-source", a.single_source, "all chains start on locality 0 (default: half on each)");
   app.add_flag("--pin", a.pin, "pin worker i to core i % cores");
   app.add_flag("--inline-tasks", a.inline_tasks,
@@ -274,12 +295,13 @@ int main(int argc, char** argv) {
     b.batch = static_cast<std::uint64_t>(a.batch_size);
     b.task_us = a.task_us;
     b.task_sleeps = a.task_mode == "sleep";
+    b.task_exp = a.task_dist == "exp";
     b.first_on_1 = a.single_source ? b.nchains : (b.nchains + 1) / 2;
     const std::uint64_t starts_here = b.me == 0 ? b.first_on_1 : b.nchains - b.first_on_1;
     b.ends_here = b.nsteps % 2 == 1 ? b.nchains - starts_here : starts_here;
 
     b.hop = rt.action("chains.hop", [](std::uint64_t chain, std::uint32_t left, Blob payload) {
-      compute_for(b.task_us, b.task_sleeps);  // every hop's task, the last one too: each hop costs the same
+      compute_for(task_length(b.task_us, b.task_exp, chain, left), b.task_sleeps);  // every hop's task, the last one too: each hop costs the same
       if (left == 0) {
         b.chain_ended(chain, payload);
       } else {
@@ -336,6 +358,7 @@ int main(int argc, char** argv) {
                           {"warmup", a.warmup},
                           {"task_us", a.task_us},
                           {"task_mode", a.task_mode},
+                          {"task_dist", a.task_dist},
                           {"inline_tasks", a.inline_tasks},
                           {"messages", b.nchains * b.nsteps},
                           {"time_s", time_s},

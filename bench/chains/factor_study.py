@@ -56,12 +56,13 @@ How the paper's variants map onto ferry's settings (only differences from the ba
     locality (on a 2-core machine: 4 workers per locality, 8 on 2 cores), where a preempted lock
     holder stalls every thread waiting for a blocking lock.
   Attentiveness (paper 001 §5.2, paper 004): chains whose every task also computes for
-    --task-us microseconds (ferry-chains --task-us), --att-chains chains, 2 devices and
-    --att-threads workers (default 2) per locality. Worker i owns device i: with `local` polling
+    --task-us microseconds (ferry-chains --task-us, --task-mode, --task-dist), --att-chains chains,
+    --att-threads workers (default 2) per locality and as many devices, each with its own
+    completion queue (FERRY_PARCEL_QUEUES=device). Worker i owns device i: with `local` polling
     a parcel arriving on a busy worker's device waits until that task ends, even when another
-    worker is idle. Variants: att_local (FERRY_DEVICES=2, the reference), att_random and
-    att_global (FERRY_DEVICE_POLLING), att_steal (FERRY_PROGRESS=steal), att_d1 (one device that
-    every worker polls: no attentiveness problem, for scale). Metric: latency per hop.
+    worker is idle. Variants: att_local (the reference), att_random and att_global
+    (FERRY_DEVICE_POLLING), att_steal (FERRY_PROGRESS=steal), att_shared (one queue for every
+    device, ferry's default), att_d1 (one device that every worker polls). Metric: latency per hop.
 
 Every run sets all the design-space variables explicitly (inherited values are overridden), has a
 timeout (ferryrun --timeout, and a process-group kill as a backstop), and is recorded: a failed or
@@ -101,6 +102,7 @@ DEFAULTS = {
     "FERRY_LOCK_MODEL": "lockless",
     "FERRY_PROGRESS": "explicit",
     "FERRY_DEVICE_POLLING": "local",
+    "FERRY_PARCEL_QUEUES": "shared",
     "FERRY_DEVICES": "1",
 }
 # Cleared from the inherited environment: ferry-chains gets its worker count from --threads and
@@ -134,7 +136,7 @@ class Family:
     metrics: list = field(default_factory=lambda: ["rate8", "rate16k", "lat8", "lat16k"])
 
 
-def build_variants(max_devices):
+def build_variants(max_devices, att_devices=2):
     v = [Variant("base", {}, note="ferry's defaults: am, cq, lockless, explicit, 1 device")]
     add = v.append
     # Figure 6
@@ -174,11 +176,15 @@ def build_variants(max_devices):
         src = next(x for x in v if x.name == name)
         add(Variant(f"{name}_over", dict(src.settings), workers="over"))
     # Attentiveness
-    att = {"FERRY_DEVICES": "2"}
+    # One device per worker, each with its own completion queue: a worker handles what arrives
+    # on its device, as in paper 001.
+    att = {"FERRY_DEVICES": str(att_devices), "FERRY_PARCEL_QUEUES": "device"}
     add(Variant("att_local", dict(att), workers="att"))
     add(Variant("att_random", {**att, "FERRY_DEVICE_POLLING": "random"}, workers="att"))
     add(Variant("att_global", {**att, "FERRY_DEVICE_POLLING": "global"}, workers="att"))
     add(Variant("att_steal", {**att, "FERRY_PROGRESS": "steal"}, workers="att"))
+    add(Variant("att_shared", {"FERRY_DEVICES": str(att_devices)}, workers="att",
+                note="one completion queue for every device (ferry's default)"))
     add(Variant("att_d1", {}, workers="att", note="one device every worker polls"))
     return {x.name: x for x in v}
 
@@ -200,8 +206,8 @@ def build_families(max_devices, att_chains):
         Family("oversubscribed", "Oversubscribed: 2 x the workers, normalised to the base at that count",
                "base_over", ["base", "base_over", "trylock_over", "blocking_over", "lockq_over", "csync_over",
                              "offload_over", "block_over", "try_progress_over", "block_progress_over"]),
-        Family("attentiveness", "Attentiveness: compute-heavy chains (--task-us), 2 devices", "att_local",
-               ["att_local", "att_random", "att_global", "att_steal", "att_d1"],
+        Family("attentiveness", "Attentiveness: compute-heavy chains (--task-us), a device per worker", "att_local",
+               ["att_local", "att_random", "att_global", "att_steal", "att_shared", "att_d1"],
                metrics=[f"att{c}" for c in att_chains]),
     ]
 
@@ -248,7 +254,7 @@ def metric_args(a, m):
     if m.key == "lat16k":
         return ["--nchains", a.lat_chains, "--nsteps", a.lat_steps_zc, "--nbytes", 16384]
     return ["--nchains", m.chains, "--nsteps", a.att_steps, "--nbytes", 8, "--task-us", a.task_us,
-            "--task-mode", a.task_mode] + (["--inline-tasks"] if a.att_inline else [])
+            "--task-mode", a.task_mode, "--task-dist", a.task_dist] + (["--inline-tasks"] if a.att_inline else [])
 
 
 def value_of(m, result):
@@ -294,6 +300,9 @@ def parse_args(argv):
                    help="attentiveness: how a task computes (ferry-chains --task-mode). With fewer cores than "
                         "workers a spinning task also takes the core an idle worker needs: sleep shows the "
                         "attentiveness effect as on a machine with a core per worker")
+    p.add_argument("--task-dist", choices=("fixed", "exp"), default="fixed",
+                   help="attentiveness: task lengths (ferry-chains --task-dist): fixed, or exp (exponential with mean "
+                        "--task-us). Fixed tasks let the chains fall into lock step, so they rarely meet on a busy worker")
     p.add_argument("--att-inline", action="store_true",
                    help="attentiveness: run each hop's task on the worker that polled its parcel "
                         "(ferry-chains --inline-tasks), tying parcel handling to device ownership")
@@ -336,7 +345,7 @@ def parse_args(argv):
     for kv in a.env:
         if "=" not in kv or kv.startswith("="):
             p.error(f"--env '{kv}': expected KEY=VALUE")
-    a.variant_table = build_variants(a.devices)
+    a.variant_table = build_variants(a.devices, a.att_threads)
     families = build_families(a.devices, a.att_chains)
     known = {f.key for f in families}
     if a.families:
@@ -666,7 +675,8 @@ def header(a, argv, info):
         f"- latency: {a.lat_chains} chains x {a.lat_steps} hops (8 B), x {a.lat_steps_zc} hops (16 KiB); "
         f"us per hop, normalised inverted",
         f"- attentiveness: {','.join(map(str, a.att_chains))} chains x {a.att_steps} hops of 8 B, {a.task_us} us of "
-        f"computation per task ({'busy-spinning' if a.task_mode == 'spin' else 'sleeping: a core of its own'}"
+        f"computation per task ({'fixed' if a.task_dist == 'fixed' else 'exponential, that mean'}; "
+        f"{'busy-spinning' if a.task_mode == 'spin' else 'sleeping: a core of its own'}"
         f"{', run inline by the polling worker' if a.att_inline else ''})",
         "- the machine is shared and has few cores: absolute numbers are noisy; read the ratios, and the "
         "min..max spread next to them" + load_note(info),
