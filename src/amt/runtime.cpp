@@ -103,7 +103,9 @@ class Runtime::Impl final : public parcel::Upcalls {
     const auto kind = static_cast<Kind>(static_cast<std::uint8_t>(p.nzc.data[0]));
     switch (kind) {
       case Kind::call: {
-        received_.fetch_add(1, std::memory_order_relaxed);
+        // The call is active before it counts as received (see count_received).
+        active_.fetch_add(1, std::memory_order_acq_rel);
+        count_received();
         // One inline call per background_work: a transport hands over up to a batch of parcels
         // per call, and running them all here would queue the later ones behind the first
         // task while other workers idle. The rest go to the task queue.
@@ -113,11 +115,17 @@ class Runtime::Impl final : public parcel::Upcalls {
           return;
         }
         auto shared = std::make_shared<parcel::Parcel>(std::move(p));
-        spawn([this, source, shared] { run_call(source, *shared); });
+        push_task([this, source, shared] { run_call(source, *shared); });
         return;
       }
       case Kind::reply: {
-        received_.fetch_add(1, std::memory_order_relaxed);
+        // A reply's continuation may send: it is active while it runs, like a task.
+        active_.fetch_add(1, std::memory_order_acq_rel);
+        const struct Done {
+          std::atomic<std::int64_t>& active;
+          ~Done() { active.fetch_sub(1, std::memory_order_acq_rel); }
+        } done{active_};
+        count_received();
         run_reply(source, p);
         return;
       }
@@ -133,8 +141,22 @@ class Runtime::Impl final : public parcel::Upcalls {
   }
 
   // ---- tasks ----------------------------------------------------------------------------
+  // A termination wave must never see an application parcel received while the work it
+  // starts is not yet active: that locality would report idle with the parcel counted, and
+  // if its thread is preempted in between for the length of two waves (a millisecond on an
+  // oversubscribed machine), both waves balance and locality 0 stops everyone with the task
+  // still to run. So a handler makes the work active first (acq_rel on active_), then counts
+  // the parcel here with a release increment; a report that reads the count with acquire
+  // therefore reads active_ after that increment, and sees the work active or finished.
+  void count_received() noexcept { received_.fetch_add(1, std::memory_order_release); }
+
   void spawn(std::function<void()> f) {
     active_.fetch_add(1, std::memory_order_acq_rel);
+    push_task(std::move(f));
+  }
+
+  // Queues a task already counted in active_.
+  void push_task(std::function<void()> f) {
     auto* t = new std::function<void()>(std::move(f));
     if (tasks_.try_push(t)) return;
     std::lock_guard<std::mutex> g(overflow_mutex_);
@@ -166,10 +188,10 @@ class Runtime::Impl final : public parcel::Upcalls {
     return true;
   }
 
-  // Options::inline_calls: the task runs here, on the worker that polled its parcel. It is
-  // counted in active_ like a spawned task, so a termination wave never sees it half done.
+  // Options::inline_calls: the task runs here, on the worker that polled its parcel. The
+  // caller counted it in active_ like a spawned task, so a termination wave never sees it half
+  // done.
   void run_inline(int source, parcel::Parcel& p) {
-    active_.fetch_add(1, std::memory_order_acq_rel);
     try {
       const BusyMark busy(*this);
       run_call(source, p);
@@ -334,7 +356,8 @@ class Runtime::Impl final : public parcel::Upcalls {
     std::uint64_t round = 0;
     std::memcpy(&round, p.nzc.data + 1, 8);
     if (kind == Kind::term_query) {
-      Report rep{sent_.load(std::memory_order_relaxed), received_.load(std::memory_order_relaxed),
+      // Acquire on received_ pairs with count_received: see there.
+      Report rep{sent_.load(std::memory_order_relaxed), received_.load(std::memory_order_acquire),
                  static_cast<std::uint8_t>(active_.load(std::memory_order_acquire) == 0),
                  static_cast<std::uint8_t>(finalizing_.load(std::memory_order_acquire))};
       detail::Writer w;
@@ -421,7 +444,8 @@ class Runtime::Impl final : public parcel::Upcalls {
   std::unordered_map<std::uint64_t, std::pair<std::string, detail::Invoker>> actions_;
   std::unordered_multimap<std::uint64_t, std::pair<int, std::shared_ptr<parcel::Parcel>>> parked_;
 
-  // Application parcels; relaxed: read by the termination waves, which compare two waves.
+  // Application parcels, read by the termination waves, which compare two waves. sent_ is
+  // relaxed; received_ orders with active_ (count_received).
   std::atomic<std::uint64_t> sent_{0}, received_{0};
   std::atomic<std::uint64_t> errors_{0}, unknown_{0};
 
