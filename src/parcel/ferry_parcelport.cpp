@@ -452,7 +452,8 @@ class FerryTransport final : public Transport {
     PerThread& t = per_thread();
     // With queues per device, the queues of the devices progressed here are drained after the
     // policy dropped its in_progress flag: a parcel handled here may run its task inline, and
-    // a device must not look taken (unstealable) for the length of a task.
+    // a device must not look taken (unstealable) for the length of a task. StealPolicy::poll
+    // progresses at most two devices per call (its own, then one victim), hence two slots.
     int visited[2];
     int nvisited = 0;
     bool any = policy_->poll(thread_index() % static_cast<int>(devs_.size()), t.numa_node(), t.rng, [&](int d) {
