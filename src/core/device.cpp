@@ -446,11 +446,15 @@ Status DeviceImpl::post_fragments(MsgKind kind, std::uint16_t target, Tag tag, i
     spare->tag = 0;                                        // of those, bytes sent
     spare->next = nullptr;
     {
+      // Counted under the lock, with the link: counted after the unlock, a flusher's decrement
+      // for another tail could bring the count to zero while this tail still waits, and this
+      // thread's next message would overtake it. Relaxed: the lock publishes the packet, and
+      // the only reader that must see this increment is this thread.
       std::lock_guard<SpinLock> guard(backlog_lock_);
       if (backlog_tail_ != nullptr) backlog_tail_->next = spare; else backlog_head_ = spare;
       backlog_tail_ = spare;
+      backlog_count_.fetch_add(1, std::memory_order_relaxed);
     }
-    backlog_count_.fetch_add(1, std::memory_order_release);
     return Status::make_done();
   }
   pool_->put(spare);

@@ -187,9 +187,11 @@ class DeviceImpl {
   std::atomic<bool> finalized_{false};
   // Fragmented messages: ids, and the tails the provider refused (a FIFO of packets linked by
   // Packet::next under backlog_lock_: flushers only try it, a post that queues a tail holds it
-  // for two stores). backlog_count_ is the fast check on every post: the thread that queued
-  // a tail always sees its own increment; release on the decrement after a tail's last piece
-  // and acquire in the check put that piece before any message the checking thread sends.
+  // for three stores). backlog_count_ is the fast check on every post. It changes only under
+  // backlog_lock_, so whenever the lock is free it equals the number of queued tails, and the
+  // thread that queued a tail reads nonzero until that tail has gone. Release on the
+  // decrement after a tail's last piece and acquire in the check put that piece before any
+  // message the checking thread sends.
   std::atomic<std::uint32_t> next_fragment_id_{0};
   SpinLock backlog_lock_;
   Packet* backlog_head_ = nullptr;

@@ -1,6 +1,7 @@
 // Many threads, random sizes, random peers: every message arrives exactly once and intact.
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <random>
@@ -284,7 +285,12 @@ TEST(Stress, EachThreadsMessagesArriveInOrderUnderContention) {
       std::uint64_t seq;
       std::memcpy(&seq, c->buffer.data(), 8);
       long& expect = next[c->tag];
-      if (static_cast<long>(seq) != expect || c->size != stress_size(seq)) out_of_order.fetch_add(1);
+      if (static_cast<long>(seq) != expect || c->size != stress_size(seq)) {
+        if (out_of_order.fetch_add(1) < 8) {
+          std::fprintf(stderr, "rank %d: thread %u's message %llu (%zu bytes) arrived when %ld was due\n", rt().rank(),
+                       static_cast<unsigned>(c->tag), static_cast<unsigned long long>(seq), c->size, expect);
+        }
+      }
       expect = static_cast<long>(seq) + 1;
       got.fetch_add(1);
     }
