@@ -12,8 +12,9 @@
 //  - back-pressure: a post that returns retry goes onto a deferred list (mutex, slow path)
 //    that background_work drains, one thread at a time; send() never blocks.
 //
-// The design space (runtime settings of the core Runtime, read back with config_value; paper
-// 000 §5, 001 §5.2, 004 §IV):
+// The design space (FERRY_HEADER, FERRY_DEVICE_POLLING and FERRY_PARCEL_QUEUES from the parcel
+// layer's option_table(); FERRY_COMPLETION and FERRY_PROGRESS from the core's Runtime::options();
+// paper 000 §5, 001 §5.2, 004 §IV):
 //  - FERRY_HEADER=sendrecv: headers are post_send on kHeaderTag; each device keeps K
 //    (TransportOptions::header_recvs, default 4) post_recv(any_source, kHeaderTag) posted,
 //    each into its own buffer, re-posted as soon as the header is copied out. K > 1 lets
@@ -192,19 +193,26 @@ class FerryTransport final : public Transport {
  public:
   FerryTransport(const TransportOptions& options, Upcalls& upcalls)
       : upcalls_(upcalls),
+        settings_(option_table().resolve(options).settings),
         rt_(RuntimeOptions{.devices = options.devices}),
         iovec_(options.iovec),
         tags_(static_cast<std::size_t>(rt_.device_count())) {
-    const std::string progress = rt_.config_value("progress");
-    progress_ = progress == "implicit"                ? Progress::implicit
-                : progress == "steal"                 ? Progress::steal
-                : progress.rfind("thread:", 0) == 0   ? Progress::thread
-                                                      : Progress::explicit_;
-    const std::string polling = rt_.config_value("device_polling");
-    polling_ = polling == "random" ? Polling::random : polling == "global" ? Polling::global : Polling::local;
-    sendrecv_ = rt_.config_value("header") == "sendrecv";
-    sync_ = rt_.config_value("completion") == "sync";
-    per_device_ = rt_.config_value("parcel_queues") == "device" && rt_.device_count() > 1;
+    const Settings& own = settings_;
+    const RuntimeSettings& core = rt_.options().settings;
+    switch (core.progress.value) {
+      case ProgressMode::explicit_calls: progress_ = Progress::explicit_; break;
+      case ProgressMode::implicit: progress_ = Progress::implicit; break;
+      case ProgressMode::thread: progress_ = Progress::thread; break;
+      case ProgressMode::steal: progress_ = Progress::steal; break;
+    }
+    switch (own.device_polling) {
+      case DevicePolling::local: polling_ = Polling::local; break;
+      case DevicePolling::random: polling_ = Polling::random; break;
+      case DevicePolling::global: polling_ = Polling::global; break;
+    }
+    sendrecv_ = own.header == HeaderPrimitive::sendrecv;
+    sync_ = core.completion == CompletionMechanism::sync;
+    per_device_ = own.parcel_queues == ParcelQueues::device && rt_.device_count() > 1;
     for (int d = 0; d < rt_.device_count(); ++d) devs_.push_back(&rt_.device(d));
     if (progress_ == Progress::steal) policy_ = std::make_unique<StealPolicy>(rt_.device_count());
     if (sync_) pool_ = std::make_unique<SyncPool>();
@@ -853,6 +861,7 @@ class FerryTransport final : public Transport {
   }
 
   Upcalls& upcalls_;
+  const Settings settings_;  // resolved before rt_: a bad value throws before the collective setup
   Runtime rt_;
   bool iovec_;
   Progress progress_ = Progress::explicit_;
