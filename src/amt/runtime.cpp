@@ -15,7 +15,7 @@
 #include <thread>
 #include <unordered_map>
 
-#include "core/mpmc_ring.hpp"
+#include "common/mpmc_ring.hpp"
 #include "ferry/amt.hpp"
 
 namespace ferry::amt {

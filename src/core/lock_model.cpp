@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/cpu_relax.hpp"
 #include "core/device.hpp"
 #include "ferry/error.hpp"
 
@@ -19,31 +20,6 @@ LockModel parse_lock_model(const std::string& name) {
   if (name == "csync") return LockModel::csync;
   if (name == "offload") return LockModel::offload;
   return LockModel::lockless;
-}
-
-// ---- MpscQueue ------------------------------------------------------------------------------
-
-OpDesc* MpscQueue::pop() noexcept {
-  OpDesc* head = head_;
-  OpDesc* next = head->next.load(std::memory_order_acquire);
-  if (head == &stub_) {
-    if (next == nullptr) return nullptr;
-    head_ = next;
-    head = next;
-    next = next->next.load(std::memory_order_acquire);
-  }
-  if (next != nullptr) {
-    head_ = next;
-    return head;
-  }
-  if (head != tail_.load(std::memory_order_acquire)) return nullptr;  // a push is half done
-  push(&stub_);
-  next = head->next.load(std::memory_order_acquire);
-  if (next != nullptr) {
-    head_ = next;
-    return head;
-  }
-  return nullptr;
 }
 
 // ---- csync nodes ---------------------------------------------------------------------------
@@ -315,7 +291,7 @@ bool ThreadSafety::progress() {
           const bool combined = combine();
           return dev_.progress() || combined;
         }
-        for (int i = 0; i < pause; ++i) FERRY_PAUSE();
+        for (int i = 0; i < pause; ++i) cpu_relax();
       }
       return false;
     }
@@ -365,7 +341,7 @@ Status ThreadSafety::csync(const OpDesc::Args& args, bool* progressed) {
 
   for (int spins = 0; cur->wait.load(std::memory_order_acquire); ++spins) {
     if (spins < 128) {
-      FERRY_PAUSE();
+      cpu_relax();
     } else {
       std::this_thread::yield();  // the combiner may be preempted: give it the core
     }

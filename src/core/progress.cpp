@@ -3,21 +3,10 @@
 #include <cstdio>
 #include <exception>
 
+#include "common/cpu_relax.hpp"
 #include "core/config.hpp"
 
 namespace ferry::detail {
-
-namespace {
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-}  // namespace
 
 ProgressThreads::ProgressThreads(std::vector<Device>& devices, int threads) {
   const int d = static_cast<int>(devices.size());

@@ -47,7 +47,9 @@
 #include <mutex>
 #include <string>
 
-#include "core/mpmc_ring.hpp"
+#include "common/cache_line.hpp"
+#include "common/mpmc_ring.hpp"
+#include "common/random.hpp"
 #include "ferry/error.hpp"
 #include "ferry/ferry.hpp"
 #include "parcel/progress_policy.hpp"
@@ -93,7 +95,7 @@ void release_malloc(void*, void* data) noexcept { std::free(data); }
 // Completion the signaller wrote; the CAS is acq_rel so two claimers are totally ordered on
 // the ticket. arm() is a release store (the post that follows publishes nothing through it;
 // it only keeps the arming ordered before anything the owner does next).
-struct alignas(64) SyncSlot {
+struct alignas(ferry::detail::cache_line) SyncSlot {
   Synchronizer sync{1};
   std::atomic<std::uint32_t> ticket{0};
 
@@ -111,6 +113,8 @@ struct alignas(64) SyncSlot {
 
 // The synchronizer pool of completion=sync.
 //
+// Pollers of neighbouring slots must not share a line: each slot is whole lines.
+static_assert(alignof(SyncSlot) == ferry::detail::cache_line && sizeof(SyncSlot) % ferry::detail::cache_line == 0);
 // Contract: acquire() hands a free slot to one thread (the free-index ring's release/acquire
 // orders the previous owner's reset before the new owner's use); release() returns a slot
 // its owner holds. poll() claims signalled slots in a window of kSyncWindow slots that rotates
@@ -383,7 +387,7 @@ class FerryTransport final : public Transport {
   // What each thread keeps for the polling policies: its random numbers, its local-polling
   // miss count, its NUMA node, and which transport (by generation) it registered as an owner in.
   struct PerThread {
-    XorShift rng{static_cast<std::uint32_t>(thread_index()) * 0x9E3779B1u + 0x7F4A7C15u};
+    ferry::detail::XorShift rng{static_cast<std::uint32_t>(thread_index()) * 0x9E3779B1u + 0x7F4A7C15u};
     unsigned misses = 0;
     int node = -2;  // -2: not asked yet
     std::uint64_t owner_of = 0;
