@@ -73,23 +73,17 @@
 #pragma once
 
 #include <atomic>
-#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <new>
-#include <type_traits>
-#include <utility>
 
 #include "common/cache_line.hpp"
 #include "common/queue_support.hpp"
 
 namespace ferry::detail {
 
-template <class T>
+template <QueueElement T>
 class FaaRing {
-  static_assert(std::is_nothrow_move_constructible_v<T>, "FaaRing needs a nothrow move");
-  static_assert(std::is_nothrow_move_assignable_v<T>, "FaaRing hands refused elements back by move assignment");
-
  public:
   // Unusable tickets in a row before try_push gives up (LCRQ closes its ring at this point).
   static constexpr int kMaxAttempts = 64;

@@ -37,23 +37,17 @@
 #pragma once
 
 #include <atomic>
-#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <new>
-#include <type_traits>
-#include <utility>
 
 #include "common/cache_line.hpp"
 #include "common/queue_support.hpp"
 
 namespace ferry::detail {
 
-template <class T>
+template <QueueElement T>
 class MsQueue {
-  static_assert(std::is_nothrow_move_constructible_v<T>, "MsQueue needs a nothrow move");
-  static_assert(std::is_nothrow_move_assignable_v<T>, "MsQueue moves values out by assignment");
-
  public:
   // CompletionQueue caps capacities at 2^28, so the rounded capacity fits 32 bits.
   explicit MsQueue(std::size_t capacity)
