@@ -2,12 +2,12 @@
 
 #include <rdma/fi_errno.h>
 
-#include <cstdio>
 #include <exception>
 #include <utility>
 #include <vector>
 
 #include "common/cpu_relax.hpp"
+#include "common/log.hpp"
 #include "core/device.hpp"
 #include "ferry/error.hpp"
 
@@ -154,7 +154,7 @@ Status ThreadSafety::execute_deferred(OpDesc* d) {
     s = execute(d->args);
   } catch (const std::exception& e) {
     // Arguments were validated before deferring, so this is the provider failing.
-    std::fprintf(stderr, "ferry: a deferred operation failed: %s\n", e.what());
+    FERRY_LOG_AT(error, log_rank(), dev_.index(), "a deferred operation failed: %s", e.what());
     CompletionObject* local = nullptr;
     Completion c = completion_of(d->args, s, &local);
     c.error = -FI_EIO;

@@ -1,9 +1,9 @@
 #include "core/progress.hpp"
 
-#include <cstdio>
 #include <exception>
 
 #include "common/cpu_relax.hpp"
+#include "common/log.hpp"
 #include "core/config.hpp"
 
 namespace ferry::detail {
@@ -37,7 +37,7 @@ void ProgressThreads::run(std::vector<Device*> mine) noexcept {
       } catch (const std::exception& e) {
         // Progress only throws on a dead network; report it once and stop this thread, the
         // application sees the failure on its own calls.
-        std::fprintf(stderr, "ferry: progress thread: %s; the thread stops\n", e.what());
+        FERRY_LOG(error, "progress thread: %s; the thread stops", e.what());
         return;
       }
     }

@@ -48,6 +48,7 @@
 #include <string>
 
 #include "common/cache_line.hpp"
+#include "common/log.hpp"
 #include "common/mpmc_ring.hpp"
 #include "common/random.hpp"
 #include "ferry/error.hpp"
@@ -110,11 +111,11 @@ struct alignas(ferry::detail::cache_line) SyncSlot {
     return true;
   }
 };
+// Pollers of neighbouring slots must not share a line: each slot is whole lines.
+static_assert(alignof(SyncSlot) == ferry::detail::cache_line && sizeof(SyncSlot) % ferry::detail::cache_line == 0);
 
 // The synchronizer pool of completion=sync.
 //
-// Pollers of neighbouring slots must not share a line: each slot is whole lines.
-static_assert(alignof(SyncSlot) == ferry::detail::cache_line && sizeof(SyncSlot) % ferry::detail::cache_line == 0);
 // Contract: acquire() hands a free slot to one thread (the free-index ring's release/acquire
 // orders the previous owner's reset before the new owner's use); release() returns a slot
 // its owner holds. poll() claims signalled slots in a window of kSyncWindow slots that rotates
@@ -568,8 +569,7 @@ class FerryTransport final : public Transport {
 
   void on_header_recv(HeaderSlot* hs, Completion&& c) {
     if (!c.ok()) {
-      std::fprintf(stderr, "ferry parcelport: locality %d: a header receive failed: %s\n", locality(),
-                   c.error_string().c_str());
+      FERRY_LOG_AT(error, locality(), -1, "parcelport: a header receive failed: %s", c.error_string().c_str());
       repost_header(hs);
       return;
     }
@@ -708,8 +708,8 @@ class FerryTransport final : public Transport {
       return;
     }
     if (!c.ok()) {
-      std::fprintf(stderr, "ferry parcelport: locality %d: a follow-up %s with locality %d failed: %s\n", locality(),
-                   to_string(c.op), c.rank, c.error_string().c_str());
+      FERRY_LOG_AT(error, locality(), -1, "parcelport: a follow-up %s with locality %d failed: %s", to_string(c.op), c.rank,
+                   c.error_string().c_str());
     }
     finish_one(st, Status::make_done());
   }
@@ -747,8 +747,7 @@ class FerryTransport final : public Transport {
     const auto* base = static_cast<const std::byte*>(header.data());
     WireHeader h;
     if (header.size() < sizeof h) {
-      std::fprintf(stderr, "ferry parcelport: locality %d: dropped a %zu-byte header from locality %d\n", locality(),
-                   header.size(), source);
+      FERRY_LOG_AT(warn, locality(), -1, "parcelport: dropped a %zu-byte header from locality %d", header.size(), source);
       return;
     }
     std::memcpy(&h, base, sizeof h);
