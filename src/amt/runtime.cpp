@@ -8,14 +8,14 @@
 #include <sched.h>
 
 #include <chrono>
-#include <cstdio>
 #include <deque>
 #include <mutex>
 #include <shared_mutex>
 #include <thread>
 #include <unordered_map>
 
-#include "core/mpmc_ring.hpp"
+#include "common/log.hpp"
+#include "common/mpmc_ring.hpp"
 #include "ferry/amt.hpp"
 
 namespace ferry::amt {
@@ -98,7 +98,7 @@ class Runtime::Impl final : public parcel::Upcalls {
 
   void handle_parcel(int source, parcel::Parcel&& p) override {
     if (p.nzc.size < 1) {
-      std::fprintf(stderr, "ferry amt: locality %d: empty parcel from locality %d\n", locality(), source);
+      FERRY_LOG_AT(warn, locality(), -1, "amt: empty parcel from locality %d", source);
       return;
     }
     const auto kind = static_cast<Kind>(static_cast<std::uint8_t>(p.nzc.data[0]));
@@ -137,8 +137,8 @@ class Runtime::Impl final : public parcel::Upcalls {
         free_zc(p, {});
         return;
     }
-    std::fprintf(stderr, "ferry amt: locality %d: parcel of unknown kind %u from locality %d\n", locality(),
-                 static_cast<unsigned>(kind), source);
+    FERRY_LOG_AT(warn, locality(), -1, "amt: parcel of unknown kind %u from locality %d", static_cast<unsigned>(kind),
+                 source);
   }
 
   // ---- tasks ----------------------------------------------------------------------------
@@ -180,7 +180,7 @@ class Runtime::Impl final : public parcel::Upcalls {
       const BusyMark busy(*this);
       (*t)();
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "ferry amt: locality %d: a task failed: %s\n", locality(), e.what());
+      FERRY_LOG_AT(error, locality(), -1, "amt: a task failed: %s", e.what());
       errors_.fetch_add(1, std::memory_order_relaxed);
     }
     delete t;
@@ -197,7 +197,7 @@ class Runtime::Impl final : public parcel::Upcalls {
       const BusyMark busy(*this);
       run_call(source, p);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "ferry amt: locality %d: a task failed: %s\n", locality(), e.what());
+      FERRY_LOG_AT(error, locality(), -1, "amt: a task failed: %s", e.what());
       errors_.fetch_add(1, std::memory_order_relaxed);
     }
     active_.fetch_sub(1, std::memory_order_acq_rel);
@@ -314,7 +314,7 @@ class Runtime::Impl final : public parcel::Upcalls {
     try {
       pending->on_reply(r);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "ferry amt: locality %d: a reply from locality %d is malformed: %s\n", locality(), source, e.what());
+      FERRY_LOG_AT(error, locality(), -1, "amt: a reply from locality %d is malformed: %s", source, e.what());
       errors_.fetch_add(1, std::memory_order_relaxed);
     }
     free_zc(p, taken);
@@ -390,8 +390,8 @@ class Runtime::Impl final : public parcel::Upcalls {
     transport_->barrier();
     std::lock_guard<std::shared_mutex> g(actions_mutex_);
     for (const auto& [id, parked] : parked_) {
-      std::fprintf(stderr, "ferry amt: locality %d: a call from locality %d named action id %llu, which was never registered here\n",
-                   locality(), parked.first, static_cast<unsigned long long>(id));
+      FERRY_LOG_AT(warn, locality(), -1, "amt: a call from locality %d named action id %llu, which was never registered here",
+                   parked.first, static_cast<unsigned long long>(id));
       unknown_.fetch_add(1, std::memory_order_relaxed);
     }
   }
@@ -468,7 +468,7 @@ Runtime::~Runtime() {
   try {
     impl_->finalize();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ferry amt: finalize: %s\n", e.what());
+    FERRY_LOG(error, "amt: finalize: %s", e.what());
   }
 }
 int Runtime::locality() const noexcept { return impl_->locality(); }

@@ -9,7 +9,6 @@
 
 #include <cerrno>
 #include <charconv>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -22,6 +21,7 @@
 #include "bootstrap/hex.hpp"
 #include "bootstrap/kinds.hpp"
 #include "bootstrap/pmi1_wire.hpp"
+#include "common/log.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::bootstrap::detail {
@@ -184,9 +184,8 @@ class Pmi1 final : public Bootstrap {
   void abort(int code, std::string_view message) noexcept override {
     aborted_ = true;
     // PMI-1 has no field for the reason, so it goes to stderr, which launchers forward.
-    std::fprintf(stderr, "ferry: rank %d aborting (exit code %d): %.*s\n", rank_, code,
-                 static_cast<int>(message.size()), message.data());
-    std::fflush(stderr);
+    FERRY_LOG_AT(error, rank_, -1, "aborting (exit code %d): %.*s", code, static_cast<int>(message.size()),
+                 message.data());
     try {
       send_line("cmd=abort exitcode=" + std::to_string(code));
     } catch (...) {

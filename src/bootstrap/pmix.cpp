@@ -2,12 +2,12 @@
 #include <pmix.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <string>
 #include <string_view>
 
 #include "bootstrap/kinds.hpp"
+#include "common/log.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::bootstrap::detail {
@@ -129,9 +129,8 @@ class Pmix final : public Bootstrap {
 
   void abort(int code, std::string_view message) noexcept override {
     // mpirun 4.1 does not print the reason given to PMIx_Abort, so it goes to stderr too.
-    std::fprintf(stderr, "ferry: rank %d aborting (exit code %d): %.*s\n", rank_, code,
-                 static_cast<int>(message.size()), message.data());
-    std::fflush(stderr);
+    FERRY_LOG_AT(error, rank_, -1, "aborting (exit code %d): %.*s", code, static_cast<int>(message.size()),
+                 message.data());
     try {
       const std::string msg(message);
       PMIx_Abort(code, msg.c_str(), nullptr, 0);

@@ -4,9 +4,9 @@
 #include <string>
 
 #include "core/config.hpp"
-#include "core/mpmc_ring.hpp"
-#include "core/queues/faa_ring.hpp"
-#include "core/queues/ms_queue.hpp"
+#include "common/mpmc_ring.hpp"
+#include "common/faa_ring.hpp"
+#include "common/ms_queue.hpp"
 #include "core/queues/queue_impl.hpp"
 #include "ferry/completion.hpp"
 #include "ferry/error.hpp"
@@ -63,37 +63,17 @@ constexpr QueueKind kCqQueueKind = QueueKind::ring;
 
 namespace {
 
-class RingQueue final : public QueueImpl {
+// The lock-free kinds: each algorithm's try_push/try_pop already has QueueImpl's contract.
+template <class Queue>
+class LockFreeQueue final : public QueueImpl {
  public:
-  explicit RingQueue(std::size_t capacity) : ring_(capacity) {}
-  bool push(Completion&& c) noexcept override { return ring_.try_push(std::move(c)); }
-  bool pop(std::optional<Completion>& c) noexcept override { return ring_.try_pop(c); }
-  std::size_t capacity() const noexcept override { return ring_.capacity(); }
-
- private:
-  MpmcRing<Completion> ring_;
-};
-
-class FaaQueue final : public QueueImpl {
- public:
-  explicit FaaQueue(std::size_t capacity) : ring_(capacity) {}
-  bool push(Completion&& c) noexcept override { return ring_.try_push(std::move(c)); }
-  bool pop(std::optional<Completion>& c) noexcept override { return ring_.try_pop(c); }
-  std::size_t capacity() const noexcept override { return ring_.capacity(); }
-
- private:
-  FaaRing<Completion> ring_;
-};
-
-class MsLinkedQueue final : public QueueImpl {
- public:
-  explicit MsLinkedQueue(std::size_t capacity) : queue_(capacity) {}
+  explicit LockFreeQueue(std::size_t capacity) : queue_(capacity) {}
   bool push(Completion&& c) noexcept override { return queue_.try_push(std::move(c)); }
   bool pop(std::optional<Completion>& c) noexcept override { return queue_.try_pop(c); }
   std::size_t capacity() const noexcept override { return queue_.capacity(); }
 
  private:
-  MsQueue<Completion> queue_;
+  Queue queue_;
 };
 
 // The locked baseline: never full (capacity() is only reported, as for the other kinds, rounded
@@ -128,9 +108,9 @@ class LockQueue final : public QueueImpl {
 
 std::unique_ptr<QueueImpl> make_queue(QueueKind kind, std::size_t capacity) {
   switch (kind) {
-    case QueueKind::ring: return std::make_unique<RingQueue>(capacity);
-    case QueueKind::faa: return std::make_unique<FaaQueue>(capacity);
-    case QueueKind::ms: return std::make_unique<MsLinkedQueue>(capacity);
+    case QueueKind::ring: return std::make_unique<LockFreeQueue<MpmcRing<Completion>>>(capacity);
+    case QueueKind::faa: return std::make_unique<LockFreeQueue<FaaRing<Completion>>>(capacity);
+    case QueueKind::ms: return std::make_unique<LockFreeQueue<MsQueue<Completion>>>(capacity);
     case QueueKind::lock: return std::make_unique<LockQueue>(capacity);
     case QueueKind::default_kind: break;
   }

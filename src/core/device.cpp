@@ -5,11 +5,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 
+#include "common/log.hpp"
 #include "core/runtime_impl.hpp"
 #include "core/wire.hpp"
 #include "ferry/error.hpp"
@@ -478,9 +478,8 @@ bool DeviceImpl::flush_backlog() {
       if (rc == -FI_EAGAIN) return false;
       if (rc != 0) {
         // The peer is unreachable: the rest of this message cannot be delivered. Said, not hidden.
-        std::fprintf(stderr, "ferry: rank %d device %d: dropped the rest of a %zu-byte message to rank %d: %s\n",
-                     runtime_.rank(), index_, static_cast<std::size_t>(p->size), p->rank,
-                     net::fi_error("fi_inject", rc).c_str());
+        FERRY_LOG_AT(error, runtime_.rank(), index_, "dropped the rest of a %zu-byte message to rank %d: %s",
+                     static_cast<std::size_t>(p->size), p->rank, net::fi_error("fi_inject", rc).c_str());
         break;
       }
       p->tag = static_cast<std::uint32_t>(sent + n);
@@ -725,7 +724,8 @@ static bool issue_reads(DeviceImpl& dev, RecvOp* op) {
     }
     if (rc != 0) {
       dev.return_credit();
-      std::fprintf(stderr, "ferry: %s reading %zu bytes from rank %d\n", net::fi_error("fi_read", rc).c_str(), c.size, op->rank);
+      FERRY_LOG_AT(error, dev.runtime().rank(), dev.index(), "%s reading %zu bytes from rank %d",
+                   net::fi_error("fi_read", rc).c_str(), c.size, op->rank);
       op->error = static_cast<int>(rc);
       ++op->completed;  // treat as finished-with-error so the op can complete
     }
@@ -743,7 +743,7 @@ static bool send_fin(DeviceImpl& dev, int rank, std::uint64_t send_op, int src) 
   try {
     return !dev.send_packet(p, rank, kHeader + sizeof(FinBody)).is_retry();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ferry: rank %d: cannot send a rendezvous FIN to rank %d: %s\n", src, rank, e.what());
+    FERRY_LOG_AT(error, src, dev.index(), "cannot send a rendezvous FIN to rank %d: %s", rank, e.what());
     return true;
   }
 }
@@ -852,7 +852,7 @@ void DeviceImpl::start_rendezvous_recv(Packet* rts, const RecvSpec* recv) {
         break;
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ferry: rank %d: cannot receive a rendezvous from rank %d: %s\n", runtime_.rank(), h.src, e.what());
+    FERRY_LOG_AT(error, runtime_.rank(), index_, "cannot receive a rendezvous from rank %d: %s", h.src, e.what());
     op->error = -FI_ENOMEM;
     op->chunks.clear();  // nothing to read: complete with the error (the sender still gets its FIN)
   }
@@ -873,8 +873,7 @@ void DeviceImpl::on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src
   (void)src;
   --posted_recvs_;
   if (e.len < kHeader || !valid_kind(p->data()[0])) {
-    std::fprintf(stderr, "ferry: rank %d device %d: dropped a malformed packet of %zu bytes\n", runtime_.rank(), index_,
-                 static_cast<std::size_t>(e.len));
+    FERRY_LOG_AT(warn, runtime_.rank(), index_, "dropped a malformed packet of %zu bytes", static_cast<std::size_t>(e.len));
     pool_->put(p);
     return;
   }
@@ -896,8 +895,7 @@ void DeviceImpl::on_fragment(Packet* p, std::size_t length) {
   const std::size_t limit = std::max<std::size_t>(p->capacity - kHeader, fragment_limit_);
   if ((kind != MsgKind::am && kind != MsgKind::msg) || f.total > limit || f.offset > f.total ||
       n > f.total - f.offset) {
-    std::fprintf(stderr, "ferry: rank %d device %d: dropped a malformed fragment of %zu bytes from rank %d\n",
-                 runtime_.rank(), index_, length, h.src);
+    FERRY_LOG_AT(warn, runtime_.rank(), index_, "dropped a malformed fragment of %zu bytes from rank %d", length, h.src);
     pool_->put(p);
     return;
   }
@@ -926,8 +924,7 @@ void DeviceImpl::on_fragment(Packet* p, std::size_t length) {
     // Larger than a packet: the payload gathers in a heap block, the packet keeps the header.
     auto* heap = static_cast<unsigned char*>(std::malloc(f.total));
     if (heap == nullptr) {
-      std::fprintf(stderr, "ferry: rank %d device %d: dropped a %u-byte message from rank %d: out of memory\n",
-                   runtime_.rank(), index_, f.total, h.src);
+      FERRY_LOG_AT(error, runtime_.rank(), index_, "dropped a %u-byte message from rank %d: out of memory", f.total, h.src);
       pool_->put(p);
       return;
     }
@@ -1257,7 +1254,7 @@ void DeviceImpl::repost() {
     if (rc != 0) {
       pool_->put(p);
       if (rc != -FI_EAGAIN) {
-        std::fprintf(stderr, "ferry: rank %d device %d: %s\n", runtime_.rank(), index_, net::fi_error("fi_recv", rc).c_str());
+        FERRY_LOG_AT(error, runtime_.rank(), index_, "%s", net::fi_error("fi_recv", rc).c_str());
       }
       return;
     }
@@ -1269,8 +1266,7 @@ void DeviceImpl::on_error(const fi_cq_err_entry& e) {
   auto* ctx = static_cast<OpContext*>(e.op_context);
   const int err = -static_cast<int>(e.err);
   if (ctx == nullptr) {
-    std::fprintf(stderr, "ferry: rank %d device %d: error completion %s\n", runtime_.rank(), index_,
-                 fi_strerror(static_cast<int>(e.err)));
+    FERRY_LOG_AT(error, runtime_.rank(), index_, "error completion %s", fi_strerror(static_cast<int>(e.err)));
     return;
   }
   switch (ctx->kind()) {
@@ -1278,8 +1274,7 @@ void DeviceImpl::on_error(const fi_cq_err_entry& e) {
       auto* p = reinterpret_cast<Packet*>(ctx);
       --posted_recvs_;
       if (e.err != FI_ECANCELED) {
-        std::fprintf(stderr, "ferry: rank %d device %d: receive failed: %s\n", runtime_.rank(), index_,
-                     fi_strerror(static_cast<int>(e.err)));
+        FERRY_LOG_AT(error, runtime_.rank(), index_, "receive failed: %s", fi_strerror(static_cast<int>(e.err)));
       }
       pool_->put(p);
       return;
@@ -1288,7 +1283,7 @@ void DeviceImpl::on_error(const fi_cq_err_entry& e) {
       // An eager send already returned done: the caller cannot be told, so say it loudly.
       auto* p = reinterpret_cast<Packet*>(ctx);
       return_credit();
-      std::fprintf(stderr, "ferry: rank %d device %d: a send to rank %d failed: %s\n", runtime_.rank(), index_, p->rank,
+      FERRY_LOG_AT(error, runtime_.rank(), index_, "a send to rank %d failed: %s", p->rank,
                    fi_strerror(static_cast<int>(e.err)));
       pool_->put(p);
       return;
@@ -1321,7 +1316,7 @@ void DeviceImpl::on_error(const fi_cq_err_entry& e) {
       auto* op = static_cast<RecvOp*>(chunk->owner);
       return_credit();
       op->error = err;
-      std::fprintf(stderr, "ferry: rank %d: rendezvous read from rank %d failed: %s\n", runtime_.rank(), op->rank,
+      FERRY_LOG_AT(error, runtime_.rank(), index_, "rendezvous read from rank %d failed: %s", op->rank,
                    fi_strerror(static_cast<int>(e.err)));
       if (++op->completed == op->chunks.size() && op->issued == op->chunks.size()) finish_recv_op(*this, op);
       return;

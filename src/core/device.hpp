@@ -34,7 +34,7 @@
 #include "core/lock_model.hpp"
 #include "core/matching.hpp"
 #include "core/packet_pool.hpp"
-#include "core/spinlock.hpp"
+#include "common/spinlock.hpp"
 #include "core/wire.hpp"
 #include "ferry/runtime.hpp"
 #include "net/fabric.hpp"
@@ -204,5 +204,7 @@ class DeviceImpl {
   // Last: destroyed first, so an offload thread stops before the endpoint closes.
   std::unique_ptr<ThreadSafety> safety_;
 };
+// credits_ (taken and returned by every sending thread) starts a line of its own.
+static_assert(alignof(DeviceImpl) == cache_line);
 
 }  // namespace ferry::detail

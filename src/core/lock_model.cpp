@@ -2,40 +2,16 @@
 
 #include <rdma/fi_errno.h>
 
-#include <cstdio>
 #include <exception>
 #include <utility>
 #include <vector>
 
+#include "common/cpu_relax.hpp"
+#include "common/log.hpp"
 #include "core/device.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::detail {
-
-// ---- MpscQueue ------------------------------------------------------------------------------
-
-OpDesc* MpscQueue::pop() noexcept {
-  OpDesc* head = head_;
-  OpDesc* next = head->next.load(std::memory_order_acquire);
-  if (head == &stub_) {
-    if (next == nullptr) return nullptr;
-    head_ = next;
-    head = next;
-    next = next->next.load(std::memory_order_acquire);
-  }
-  if (next != nullptr) {
-    head_ = next;
-    return head;
-  }
-  if (head != tail_.load(std::memory_order_acquire)) return nullptr;  // a push is half done
-  push(&stub_);
-  next = head->next.load(std::memory_order_acquire);
-  if (next != nullptr) {
-    head_ = next;
-    return head;
-  }
-  return nullptr;
-}
 
 // ---- csync nodes ---------------------------------------------------------------------------
 
@@ -169,7 +145,7 @@ Status ThreadSafety::execute_deferred(OpDesc* d) {
     s = execute(d->args);
   } catch (const std::exception& e) {
     // Arguments were validated before deferring, so this is the provider failing.
-    std::fprintf(stderr, "ferry: a deferred operation failed: %s\n", e.what());
+    FERRY_LOG_AT(error, log_rank(), dev_.index(), "a deferred operation failed: %s", e.what());
     CompletionObject* local = nullptr;
     Completion c = completion_of(d->args, s, &local);
     c.error = -FI_EIO;
@@ -306,7 +282,7 @@ bool ThreadSafety::progress() {
           const bool combined = combine();
           return dev_.progress() || combined;
         }
-        for (int i = 0; i < pause; ++i) FERRY_PAUSE();
+        for (int i = 0; i < pause; ++i) cpu_relax();
       }
       return false;
     }
@@ -356,7 +332,7 @@ Status ThreadSafety::csync(const OpDesc::Args& args, bool* progressed) {
 
   for (int spins = 0; cur->wait.load(std::memory_order_acquire); ++spins) {
     if (spins < 128) {
-      FERRY_PAUSE();
+      cpu_relax();
     } else {
       std::this_thread::yield();  // the combiner may be preempted: give it the core
     }

@@ -34,7 +34,8 @@
 #include <variant>
 #include <vector>
 
-#include "core/spinlock.hpp"
+#include "common/mpsc_queue.hpp"
+#include "common/spinlock.hpp"
 #include "ferry/runtime.hpp"
 
 namespace ferry::detail {
@@ -50,31 +51,6 @@ struct OpDesc {
   std::vector<unsigned char> copy;  // an eager payload (and an iovec's eager part), owned
   bool returned_done = false;       // the caller was told `done`: signal nothing later
   std::atomic<OpDesc*> next{nullptr};
-};
-
-// Wait-free multi-producer, single-consumer intrusive queue (a stub node and an exchange on
-// the tail). Contract: push() by any thread, wait-free; pop() by one thread at a time (the
-// lock holder or the offload thread); pop() may report empty while a push is between its two
-// steps, and that element shows up on a later pop — never lost, never reordered per producer.
-// Orders: the tail exchange is acq_rel (it orders the pushed node's contents before the link
-// that publishes it, release) and the link is stored release and read acquire by the consumer.
-class MpscQueue {
- public:
-  MpscQueue() : head_(&stub_), tail_(&stub_) {}
-  void push(OpDesc* d) noexcept {
-    d->next.store(nullptr, std::memory_order_relaxed);
-    OpDesc* prev = tail_.exchange(d, std::memory_order_acq_rel);
-    prev->next.store(d, std::memory_order_release);
-  }
-  OpDesc* pop() noexcept;
-  bool empty_approx() const noexcept {
-    return head_ == &stub_ && stub_.next.load(std::memory_order_acquire) == nullptr;
-  }
-
- private:
-  OpDesc* head_;  // consumer only
-  std::atomic<OpDesc*> tail_;
-  OpDesc stub_;
 };
 
 class ThreadSafety {
@@ -113,7 +89,7 @@ class ThreadSafety {
   const LockModel model_;
   SpinLock try_lock_;   // trylock, lockq
   std::mutex block_;    // block
-  MpscQueue queue_;     // lockq, offload
+  MpscQueue<OpDesc> queue_;     // lockq, offload
   OpDesc* stuck_ = nullptr;  // a dequeued descriptor that returned retry: first in line next time
   std::atomic<std::size_t> queued_{0};
   // Statistics: relaxed, they order nothing.

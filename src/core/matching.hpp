@@ -18,7 +18,7 @@
 #include <cstdint>
 
 #include "core/packet_pool.hpp"
-#include "core/spinlock.hpp"
+#include "common/spinlock.hpp"
 #include "ferry/completion.hpp"
 
 namespace ferry::detail {

@@ -1,9 +1,11 @@
 #include "core/packet_pool.hpp"
 
 #include <array>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 
 #include "ferry/error.hpp"
 
@@ -85,6 +87,10 @@ PacketPool::PacketPool(std::size_t count, std::size_t payload_size)
       stride_(sizeof(Packet) + ((payload_size + cache_line - 1) / cache_line) * cache_line),
       slab_(nullptr),
       cached_(count >= kMinCachedPool) {
+  // The free-list head starts a line of its own: get/put hammer it (and free_count_ next to
+  // it) while the geometry in the line before stays clean in every thread's cache.
+  static_assert(std::is_standard_layout_v<PacketPool>);
+  static_assert(offsetof(PacketPool, head_) == cache_line && alignof(PacketPool) == cache_line);
   if (count == 0) throw Error("FERRY_PACKETS=0: a device needs at least one packet");
   if (payload_size > UINT32_MAX) throw Error("FERRY_PACKET_SIZE=" + std::to_string(payload_size) + " is too large");
   slab_ = static_cast<unsigned char*>(std::aligned_alloc(4096, ((stride_ * count + 4095) / 4096) * 4096));

@@ -23,7 +23,7 @@
 
 #include <atomic>
 
-#include "core/mpmc_ring.hpp"
+#include "common/cache_line.hpp"
 #include "core/op_context.hpp"
 #include "ferry/completion.hpp"
 
@@ -61,6 +61,7 @@ struct alignas(cache_line) Packet {
   }
 };
 static_assert(sizeof(Packet) % cache_line == 0, "payloads must stay cache-line aligned");
+static_assert(alignof(Packet) == cache_line, "a packet's metadata starts a line: no packet shares one with another");
 static_assert(offsetof(Packet, ctx) == 0, "libfabric's context pointer is the packet pointer");
 
 class PacketPool {

@@ -1,23 +1,12 @@
 #include "core/progress.hpp"
 
-#include <cstdio>
 #include <exception>
 
+#include "common/cpu_relax.hpp"
+#include "common/log.hpp"
 #include "core/config.hpp"
 
 namespace ferry::detail {
-
-namespace {
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-}  // namespace
 
 ProgressThreads::ProgressThreads(std::vector<Device>& devices, int threads) {
   const int d = static_cast<int>(devices.size());
@@ -48,7 +37,7 @@ void ProgressThreads::run(std::vector<Device*> mine) noexcept {
       } catch (const std::exception& e) {
         // Progress only throws on a dead network; report it once and stop this thread, the
         // application sees the failure on its own calls.
-        std::fprintf(stderr, "ferry: progress thread: %s; the thread stops\n", e.what());
+        FERRY_LOG(error, "progress thread: %s; the thread stops", e.what());
         return;
       }
     }

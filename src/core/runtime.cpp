@@ -1,8 +1,8 @@
 #include <unistd.h>
 
-#include <cstdio>
 #include <cstdlib>
 
+#include "common/log.hpp"
 #include "core/runtime_impl.hpp"
 #include "ferry/error.hpp"
 
@@ -36,6 +36,7 @@ std::string choose_provider(const std::string& wanted, bootstrap::Bootstrap& boo
 RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_options(options)) {
   boot_ = bootstrap::make_bootstrap(config_.bootstrap);
   rank_ = boot_->rank();
+  set_log_rank(rank_);  // lines logged without a runtime at hand name this process's rank
   size_ = boot_->size();
   if (size_ > 0xFFFFFF) throw Error("job size " + std::to_string(size_) + " exceeds ferry's limit of 16777215 ranks");
   fabric_ = std::make_unique<net::Fabric>(choose_provider(config_.provider, *boot_));
@@ -93,23 +94,22 @@ void RuntimeImpl::finalize() {
   for (auto& d : devices_) {
     const std::size_t left = d->drain(10.0);
     if (left != 0) {
-      std::fprintf(stderr, "ferry: rank %d: finalize: %zu operations still in flight on device %d after 10 s\n", rank_,
-                   left, d->index());
+      FERRY_LOG_AT(warn, rank_, -1, "finalize: %zu operations still in flight on device %d after 10 s", left, d->index());
     }
   }
   try {
     barrier();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ferry: rank %d: finalize: %s\n", rank_, e.what());
+    FERRY_LOG_AT(error, rank_, -1, "finalize: %s", e.what());
   }
   finalized_.store(true);
   for (auto& d : devices_) d->mark_finalized();
   std::lock_guard<std::mutex> guard(park_mutex_);
   for (const auto& [id, c] : parked_) {
-    std::fprintf(stderr,
-                 "ferry: rank %d: an active message from rank %d for remote target %u was never delivered: "
-                 "no completion object was exposed under that id\n",
-                 rank_, c.rank, static_cast<unsigned>(id));
+    FERRY_LOG_AT(warn, rank_, -1,
+                 "an active message from rank %d for remote target %u was never delivered: "
+                 "no completion object was exposed under that id",
+                 c.rank, static_cast<unsigned>(id));
   }
   parked_.clear();
 }
@@ -165,7 +165,7 @@ void RuntimeImpl::deliver(std::uint16_t id, Completion&& completion) noexcept {
   try {
     parked_.emplace_back(id, std::move(completion));
   } catch (...) {
-    std::fprintf(stderr, "ferry: rank %d: out of memory parking a message for target %u\n", rank_, id);
+    FERRY_LOG_AT(error, rank_, -1, "out of memory parking a message for target %u", id);
   }
 }
 

@@ -48,7 +48,10 @@
 #include <mutex>
 #include <string>
 
-#include "core/mpmc_ring.hpp"
+#include "common/cache_line.hpp"
+#include "common/log.hpp"
+#include "common/mpmc_ring.hpp"
+#include "common/random.hpp"
 #include "ferry/error.hpp"
 #include "ferry/ferry.hpp"
 #include "parcel/progress_policy.hpp"
@@ -94,7 +97,7 @@ void release_malloc(void*, void* data) noexcept { std::free(data); }
 // Completion the signaller wrote; the CAS is acq_rel so two claimers are totally ordered on
 // the ticket. arm() is a release store (the post that follows publishes nothing through it;
 // it only keeps the arming ordered before anything the owner does next).
-struct alignas(64) SyncSlot {
+struct alignas(ferry::detail::cache_line) SyncSlot {
   Synchronizer sync{1};
   std::atomic<std::uint32_t> ticket{0};
 
@@ -109,6 +112,8 @@ struct alignas(64) SyncSlot {
     return true;
   }
 };
+// Pollers of neighbouring slots must not share a line: each slot is whole lines.
+static_assert(alignof(SyncSlot) == ferry::detail::cache_line && sizeof(SyncSlot) % ferry::detail::cache_line == 0);
 
 // The synchronizer pool of completion=sync.
 //
@@ -391,7 +396,7 @@ class FerryTransport final : public Transport {
   // What each thread keeps for the polling policies: its random numbers, its local-polling
   // miss count, its NUMA node, and which transport (by generation) it registered as an owner in.
   struct PerThread {
-    XorShift rng{static_cast<std::uint32_t>(thread_index()) * 0x9E3779B1u + 0x7F4A7C15u};
+    ferry::detail::XorShift rng{static_cast<std::uint32_t>(thread_index()) * 0x9E3779B1u + 0x7F4A7C15u};
     unsigned misses = 0;
     int node = -2;  // -2: not asked yet
     std::uint64_t owner_of = 0;
@@ -572,8 +577,7 @@ class FerryTransport final : public Transport {
 
   void on_header_recv(HeaderSlot* hs, Completion&& c) {
     if (!c.ok()) {
-      std::fprintf(stderr, "ferry parcelport: locality %d: a header receive failed: %s\n", locality(),
-                   c.error_string().c_str());
+      FERRY_LOG_AT(error, locality(), -1, "parcelport: a header receive failed: %s", c.error_string().c_str());
       repost_header(hs);
       return;
     }
@@ -712,8 +716,8 @@ class FerryTransport final : public Transport {
       return;
     }
     if (!c.ok()) {
-      std::fprintf(stderr, "ferry parcelport: locality %d: a follow-up %s with locality %d failed: %s\n", locality(),
-                   to_string(c.op), c.rank, c.error_string().c_str());
+      FERRY_LOG_AT(error, locality(), -1, "parcelport: a follow-up %s with locality %d failed: %s", to_string(c.op), c.rank,
+                   c.error_string().c_str());
     }
     finish_one(st, Status::make_done());
   }
@@ -751,8 +755,7 @@ class FerryTransport final : public Transport {
     const auto* base = static_cast<const std::byte*>(header.data());
     WireHeader h;
     if (header.size() < sizeof h) {
-      std::fprintf(stderr, "ferry parcelport: locality %d: dropped a %zu-byte header from locality %d\n", locality(),
-                   header.size(), source);
+      FERRY_LOG_AT(warn, locality(), -1, "parcelport: dropped a %zu-byte header from locality %d", header.size(), source);
       return;
     }
     std::memcpy(&h, base, sizeof h);

@@ -1,7 +1,7 @@
-// progress_policy.hpp — which device an idle thread progresses: the per-thread random number
-// source of FERRY_DEVICE_POLLING=random, and Daps-style progress stealing (FERRY_PROGRESS=steal,
-// paper 004 §IV). Header-only and free of ferry's types, so the unit tests drive it with a
-// fake progress function.
+// progress_policy.hpp — which device an idle thread progresses: Daps-style progress stealing
+// (FERRY_PROGRESS=steal, paper 004 §IV), and the NUMA hint it uses. (The per-thread random
+// source of FERRY_DEVICE_POLLING=random and of the steals is common/random.hpp.) Header-only and
+// free of ferry's types, so the unit tests drive it with a fake progress function.
 #pragma once
 
 #include <dirent.h>
@@ -14,23 +14,10 @@
 #include <cstring>
 #include <memory>
 
-namespace ferry::parcel::detail {
+#include "common/cache_line.hpp"
+#include "common/random.hpp"
 
-// xorshift32 (Marsaglia): a few cycles a number, one per thread, no shared state. Good enough
-// to spread polls and steals uniformly; not for anything else.
-struct XorShift {
-  std::uint32_t state;
-  explicit XorShift(std::uint32_t seed) noexcept : state(seed != 0 ? seed : 0x9E3779B9u) {}
-  std::uint32_t next() noexcept {
-    std::uint32_t x = state;
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    return state = x;
-  }
-  // Uniform enough in [0, n) for the small n here (devices).
-  int below(int n) noexcept { return static_cast<int>((static_cast<std::uint64_t>(next()) * static_cast<std::uint32_t>(n)) >> 32); }
-};
+namespace ferry::parcel::detail {
 
 // The NUMA node of the CPU the caller runs on now (-1 when the system does not say): the
 // node<k> entry in /sys/devices/system/cpu/cpu<N>/. Threads are not pinned by default, so this
@@ -138,7 +125,7 @@ class StealPolicy {
 
   // The Daps step for an idle thread whose own device is `own`. True if a progress call found work.
   template <class F>
-  bool poll(int own, int node, XorShift& rng, F&& progress) {
+  bool poll(int own, int node, ferry::detail::XorShift& rng, F&& progress) {
     const int mine = try_progress(own, progress);
     if (mine == 1 || n_ == 1) return mine == 1;
     const std::uint32_t r = rng.next();
@@ -148,13 +135,15 @@ class StealPolicy {
   }
 
  private:
-  struct alignas(64) Slot {
+  // One device's flags, alone on a line: stealers hammer neighbouring devices' slots.
+  struct alignas(ferry::detail::cache_line) Slot {
     std::atomic<bool> in_progress{false};
     std::atomic<bool> likely_work{true};  // unknown at first: worth a look
     std::atomic<int> owners{0};
     std::atomic<int> busy{0};
     std::atomic<int> node{-1};
   };
+  static_assert(sizeof(Slot) == ferry::detail::cache_line && alignof(Slot) == ferry::detail::cache_line);
   const int n_;
   std::unique_ptr<Slot[]> slots_;
 };

@@ -7,13 +7,14 @@
 #include <thread>
 #include <vector>
 
+#include "common/random.hpp"
 #include "parcel/progress_policy.hpp"
 #include "test_scale.hpp"
 
 namespace {
 
 using ferry::parcel::detail::StealPolicy;
-using ferry::parcel::detail::XorShift;
+using ferry::detail::XorShift;
 
 // The property progress stealing must keep: one device's progress never runs on two threads
 // at once, however owners, stealers and hints interleave. The fake progress call counts the

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "alloc_counter.hpp"
-#include "core/queues/faa_ring.hpp"
-#include "core/queues/ms_queue.hpp"
+#include "common/faa_ring.hpp"
+#include "common/ms_queue.hpp"
 #include "core/queues/queue_impl.hpp"
 #include "ferry/completion.hpp"
 #include "ferry/error.hpp"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "alloc_counter.hpp"
-#include "core/mpmc_ring.hpp"
+#include "common/mpmc_ring.hpp"
 #include "test_scale.hpp"
 
 namespace {

@@ -30,32 +30,13 @@
 #include <cstdint>
 #include <memory>
 #include <new>
-#include <optional>
 #include <type_traits>
 #include <utility>
 
+#include "common/cache_line.hpp"
+#include "common/queue_support.hpp"
+
 namespace ferry::detail {
-
-inline constexpr std::size_t cache_line = 64;
-
-// The ring sizes of the queues: at least n and at least 2, a power of two (index = pos & mask).
-constexpr std::size_t round_up_pow2(std::size_t n) noexcept {
-  std::size_t p = 2;
-  while (p < n) p <<= 1;
-  return p;
-}
-
-// Moves a popped element to the caller. Into an empty std::optional it move-constructs in
-// place, which for a fat element (a Completion with its Buffer and vector) saves the
-// move-assignment's release-what-was-there checks and a second move on the way out.
-template <class T>
-void take_into(T& out, T&& item) noexcept {
-  out = std::move(item);
-}
-template <class T>
-void take_into(std::optional<T>& out, T&& item) noexcept {
-  out.emplace(std::move(item));
-}
 
 template <class T>
 class MpmcRing {
@@ -63,6 +44,12 @@ class MpmcRing {
 
  public:
   explicit MpmcRing(std::size_t capacity) : mask_(round_up_pow2(capacity) - 1), cells_(new Cell[mask_ + 1]) {
+    // The layout the padding is for: head and tail each alone on a line, the read-only mask
+    // and cell pointer sharing a third. (Here because the class is complete only in a body.)
+    static_assert(std::is_standard_layout_v<MpmcRing>);
+    static_assert(offsetof(MpmcRing, head_) == 0 && offsetof(MpmcRing, tail_) == cache_line &&
+                  offsetof(MpmcRing, mask_) == 2 * cache_line);
+    static_assert(sizeof(MpmcRing) == 3 * cache_line && alignof(MpmcRing) == cache_line);
     for (std::size_t i = 0; i <= mask_; ++i) cells_[i].seq.store(i, std::memory_order_relaxed);
   }
   ~MpmcRing() {

@@ -73,27 +73,28 @@
 #pragma once
 
 #include <atomic>
-#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <new>
-#include <type_traits>
-#include <utility>
 
-#include "core/mpmc_ring.hpp"  // cache_line
+#include "common/cache_line.hpp"
+#include "common/queue_support.hpp"
 
 namespace ferry::detail {
 
-template <class T>
+template <QueueElement T>
 class FaaRing {
-  static_assert(std::is_nothrow_move_constructible_v<T>, "FaaRing needs a nothrow move");
-  static_assert(std::is_nothrow_move_assignable_v<T>, "FaaRing hands refused elements back by move assignment");
-
  public:
   // Unusable tickets in a row before try_push gives up (LCRQ closes its ring at this point).
   static constexpr int kMaxAttempts = 64;
 
   explicit FaaRing(std::size_t capacity) : mask_(round_up_pow2(capacity) - 1), cells_(new Cell[mask_ + 1]) {
+    // The layout the padding is for: head and tail each alone on a line (consumers and
+    // producers hammer them), the read-only mask and cell pointer sharing a third.
+    static_assert(std::is_standard_layout_v<FaaRing>);
+    static_assert(offsetof(FaaRing, head_) == 0 && offsetof(FaaRing, tail_) == cache_line &&
+                  offsetof(FaaRing, mask_) == 2 * cache_line);
+    static_assert(sizeof(FaaRing) == 3 * cache_line && alignof(FaaRing) == cache_line);
     for (std::uint64_t i = 0; i <= mask_; ++i) cells_[i].state.store(i << kIdxShift, std::memory_order_relaxed);
   }
   ~FaaRing() {

@@ -11,12 +11,7 @@
 
 #include <atomic>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define FERRY_PAUSE() _mm_pause()
-#else
-#define FERRY_PAUSE() ((void)0)
-#endif
+#include "common/cpu_relax.hpp"
 
 namespace ferry::detail {
 
@@ -27,7 +22,7 @@ class SpinLock {
   }
   void lock() noexcept {
     while (!try_lock()) {
-      while (locked_.load(std::memory_order_relaxed)) FERRY_PAUSE();
+      while (locked_.load(std::memory_order_relaxed)) cpu_relax();
     }
   }
   void unlock() noexcept { locked_.store(false, std::memory_order_release); }

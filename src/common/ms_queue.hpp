@@ -37,26 +37,27 @@
 #pragma once
 
 #include <atomic>
-#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <new>
-#include <type_traits>
-#include <utility>
 
-#include "core/mpmc_ring.hpp"  // cache_line
+#include "common/cache_line.hpp"
+#include "common/queue_support.hpp"
 
 namespace ferry::detail {
 
-template <class T>
+template <QueueElement T>
 class MsQueue {
-  static_assert(std::is_nothrow_move_constructible_v<T>, "MsQueue needs a nothrow move");
-  static_assert(std::is_nothrow_move_assignable_v<T>, "MsQueue moves values out by assignment");
-
  public:
   // CompletionQueue caps capacities at 2^28, so the rounded capacity fits 32 bits.
   explicit MsQueue(std::size_t capacity)
       : capacity_(static_cast<std::uint32_t>(round_up_pow2(capacity))), nodes_(new Node[capacity_ + 1]) {
+    // The layout the padding is for: head, tail and the free-list head each alone on a line,
+    // the read-only capacity and node pointer sharing a fourth.
+    static_assert(std::is_standard_layout_v<MsQueue>);
+    static_assert(offsetof(MsQueue, head_) == 0 && offsetof(MsQueue, tail_) == cache_line &&
+                  offsetof(MsQueue, free_) == 2 * cache_line && offsetof(MsQueue, capacity_) == 3 * cache_line);
+    static_assert(sizeof(MsQueue) == 4 * cache_line && alignof(MsQueue) == cache_line);
     for (std::uint32_t i = 0; i <= capacity_; ++i) {
       nodes_[i].next.store(kNil, std::memory_order_relaxed);
       nodes_[i].releases.store(0, std::memory_order_relaxed);
