@@ -68,8 +68,8 @@ constexpr int kDefaultHeaderRecvs = 4;
 constexpr std::uint32_t kSyncSlots = 4096;
 constexpr std::uint32_t kSyncWindow = 32;
 
-enum class Progress : std::uint8_t { explicit_, implicit, thread, steal };
-enum class Polling : std::uint8_t { local, random, global };
+using Progress = ProgressMode;  // the core's FERRY_PROGRESS
+using Polling = DevicePolling;  // FERRY_DEVICE_POLLING
 
 // What travels in front of every header: then zc_count sizes (u64), then the nzc if piggybacked.
 struct WireHeader {
@@ -202,22 +202,12 @@ class FerryTransport final : public Transport {
         rt_(RuntimeOptions{.devices = options.devices}),
         iovec_(options.iovec),
         tags_(static_cast<std::size_t>(rt_.device_count())) {
-    const Settings& own = settings_;
     const RuntimeSettings& core = rt_.options().settings;
-    switch (core.progress.value) {
-      case ProgressMode::explicit_calls: progress_ = Progress::explicit_; break;
-      case ProgressMode::implicit: progress_ = Progress::implicit; break;
-      case ProgressMode::thread: progress_ = Progress::thread; break;
-      case ProgressMode::steal: progress_ = Progress::steal; break;
-    }
-    switch (own.device_polling) {
-      case DevicePolling::local: polling_ = Polling::local; break;
-      case DevicePolling::random: polling_ = Polling::random; break;
-      case DevicePolling::global: polling_ = Polling::global; break;
-    }
-    sendrecv_ = own.header == HeaderPrimitive::sendrecv;
+    progress_ = core.progress.value;
+    polling_ = settings_.device_polling;
+    sendrecv_ = settings_.header == HeaderPrimitive::sendrecv;
     sync_ = core.completion == CompletionMechanism::sync;
-    per_device_ = own.parcel_queues == ParcelQueues::device && rt_.device_count() > 1;
+    per_device_ = settings_.parcel_queues == ParcelQueues::device && rt_.device_count() > 1;
     for (int d = 0; d < rt_.device_count(); ++d) devs_.push_back(&rt_.device(d));
     if (progress_ == Progress::steal) policy_ = std::make_unique<StealPolicy>(rt_.device_count());
     if (sync_) pool_ = std::make_unique<SyncPool>();
@@ -352,7 +342,7 @@ class FerryTransport final : public Transport {
   bool background_work() override {
     bool any = false;
     switch (progress_) {
-      case Progress::explicit_:
+      case Progress::explicit_calls:
         any = poll_devices();
         any |= run_deferred();
         any |= drain_completions();
@@ -867,7 +857,7 @@ class FerryTransport final : public Transport {
   const Settings settings_;  // resolved before rt_: a bad value throws before the collective setup
   Runtime rt_;
   bool iovec_;
-  Progress progress_ = Progress::explicit_;
+  Progress progress_ = Progress::explicit_calls;
   Polling polling_ = Polling::local;
   bool sendrecv_ = false;
   bool sync_ = false;
