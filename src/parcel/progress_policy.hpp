@@ -34,7 +34,7 @@ struct XorShift {
 
 // The NUMA node of the CPU the caller runs on now (-1 when the system does not say): the
 // node<k> entry in /sys/devices/system/cpu/cpu<N>/. Threads are not pinned by default, so this
-// is where the thread happened to be when asked — a locality hint, not a fact. Slow (reads a
+// is where the thread happened to be when asked — a placement hint, not a fact. Slow (reads a
 // directory): callers cache it per thread.
 inline int current_numa_node() noexcept {
   const int cpu = sched_getcpu();
