@@ -1,5 +1,5 @@
 // ferry-chains: the task-chain micro-benchmark of ferry's AMT runtime (message rate and latency
-// of parcels between two ranks), after the HPX micro-benchmarks of paper 000 §4.2.1.
+// of parcels between two ranks), after the HPX micro-benchmarks of [AMT-LCI] §4.2.1.
 //
 // A chain is a sequence of nsteps hops alternating between rank 0 and rank 1; each hop
 // is one async() carrying an nbytes Blob, which the receiving task forwards to the other
@@ -7,8 +7,8 @@
 //   flood   (message rate): nsteps = 1, very many chains — every chain is one parcel;
 //   latency (ping-pong-like): many steps, few chains — time per hop with `nchains` in flight.
 // With --task-us U every hop's task first computes for U microseconds: workers are busy when
-// parcels arrive, which is what the device-polling and progress-stealing policies (paper 001
-// §5.2, paper 004) are about. --task-mode spin (the default) busy-spins, as real computation
+// parcels arrive, which is what the device-polling and progress-stealing policies ([MPI-AMT]
+// §5.2, [Daps]) are about. --task-mode spin (the default) busy-spins, as real computation
 // does; --task-mode sleep sleeps instead, which stands for computation on a core of the task's
 // own: on a machine with fewer cores than workers a spinning task takes the core an idle
 // worker would need to notice a parcel, so the attentiveness effect is hidden by the scheduler.
@@ -226,7 +226,7 @@ int main(int argc, char** argv) {
   if (const char* e = std::getenv("FERRY_PARCELPORT"); e != nullptr && *e != '\0') a.parcelport = e;
   if (a.parcelport.empty()) a.parcelport = "ferry";
 
-  CLI::App app{"ferry-chains: task-chain message rate / latency between two ranks (paper 000 §4.2.1)",
+  CLI::App app{"ferry-chains: task-chain message rate / latency between two ranks ([AMT-LCI] §4.2.1)",
                "ferry-chains"};
   app.add_option("--nchains", a.nchains, "chains in flight (flood: very many)")->check(integer_in(1, 1ll << 32));
   app.add_option("--nsteps", a.nsteps, "hops per chain (flood: 1; latency: many)")->check(integer_in(1, 0xffffffffll));

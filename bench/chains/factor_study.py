@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The factor study of paper 000 §5 (Figures 6-9) on ferry's design space, with ferry-chains.
+"""The factor study of [AMT-LCI] §5 (Figures 6-9) on ferry's design space, with ferry-chains.
 
 Each *variant* is a set of ferry's design-space environment variables (plus, for some, a worker
 count); each *family* groups the variants of one of the paper's figures. Every variant is
@@ -48,14 +48,14 @@ How the paper's variants map onto ferry's settings (only differences from the ba
     blocking_dN     FERRY_LOCK_MODEL=block FERRY_DEVICES=N (am + cq + explicit progress)
     Workers map to devices statically (worker i sends on device i mod N) and device i of one
     rank talks to device i of the other, so devices beyond --threads carry no traffic.
-  Lock models (paper 002; base settings otherwise): trylock, blocking, lockq, csync, offload.
+  Lock models ([Combining]; base settings otherwise): trylock, blocking, lockq, csync, offload.
   Progress: implicit (FERRY_PROGRESS=implicit), thread1 (FERRY_PROGRESS=thread:1, a dedicated
     progress thread besides the workers), steal (FERRY_PROGRESS=steal FERRY_DEVICES=2: stealing
     needs a device whose owner is busy), and lockless_d2 to separate the second device's effect.
   Oversubscribed: the lock models and the Figure 8 variants with 2 x --threads workers per
     rank (on a 2-core machine: 4 workers per rank, 8 on 2 cores), where a preempted lock
     holder stalls every thread waiting for a blocking lock.
-  Attentiveness (paper 001 §5.2, paper 004): chains whose every task also computes for
+  Attentiveness ([MPI-AMT] §5.2, [Daps]): chains whose every task also computes for
     --task-us microseconds (ferry-chains --task-us, --task-mode, --task-dist), --att-chains chains,
     --att-threads workers (default 2) per rank and as many devices, each with its own
     completion queue (FERRY_PARCEL_QUEUES=device). Worker i owns device i: with `local` polling
@@ -177,7 +177,7 @@ def build_variants(max_devices, att_devices=2):
         add(Variant(f"{name}_over", dict(src.settings), workers="over"))
     # Attentiveness
     # One device per worker, each with its own completion queue: a worker handles what arrives
-    # on its device, as in paper 001.
+    # on its device, as in [MPI-AMT].
     att = {"FERRY_DEVICES": str(att_devices), "FERRY_PARCEL_QUEUES": "device"}
     add(Variant("att_local", dict(att), workers="att"))
     add(Variant("att_random", {**att, "FERRY_DEVICE_POLLING": "random"}, workers="att"))
@@ -200,7 +200,7 @@ def build_families(max_devices, att_chains):
                "lockless", ["block", "try", "try_progress", "block_d2", "block_progress", "lockless"]),
         Family("devices", "Figure 9: devices, without and with coarse locks", "lockless_d1",
                [f"{k}_d{n}" for k in ("lockless", "trylock", "blocking") for n in devs]),
-        Family("locks", "Lock models (paper 002), --threads workers per rank", "base",
+        Family("locks", "Lock models ([Combining]), --threads workers per rank", "base",
                ["base", "trylock", "blocking", "lockq", "csync", "offload"]),
         Family("progress", "Progress strategies", "base", ["base", "implicit", "thread1", "lockless_d2", "steal"]),
         Family("oversubscribed", "Oversubscribed: 2 x the workers, normalised to the base at that count",
@@ -278,7 +278,7 @@ def name_list(text):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(
-        description="Paper 000 §5 factor study (Figures 6-9) over ferry's design space, with ferry-chains.",
+        description="[AMT-LCI] §5 factor study (Figures 6-9) over ferry's design space, with ferry-chains.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--reps", type=positive, default=None, help="runs per variant and metric (median); default 3, quick 1")
     p.add_argument("--quick", action="store_true",
@@ -686,7 +686,7 @@ def header(a, argv, info):
 def report(a, argv, info, records, out_dir):
     stats = aggregate(records)
     probes = [float(r["c2c_ns"]) for r in records if r.get("c2c_ns") not in (None, "")]
-    rows, md = [], ["# ferry factor study (paper 000 §5)\n", header(a, argv, info), "- " + c2c_summary(probes), ""]
+    rows, md = [], ["# ferry factor study ([AMT-LCI] §5)\n", header(a, argv, info), "- " + c2c_summary(probes), ""]
     pngs = []
     for fam in a.family_list:
         fr = family_rows(a, fam, stats)

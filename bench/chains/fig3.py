@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Figure 3 of paper 000 (§4.2.1) on this machine: ferry-chains over every parcelport.
+"""Figure 3 of [AMT-LCI] (§4.2.1) on this machine: ferry-chains over every parcelport.
 
 (a) message rate: flood runs (nsteps = 1, many chains) at 8 B and 16 KiB over thread counts;
 (b) latency: long chains (many steps) at 8 B and 16 KiB over the number of concurrent chains.
@@ -61,7 +61,7 @@ def size_name(n):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(
-        description="Paper 000 Figure 3 (task-chain message rate and latency) for ferry vs the MPI parcelports.",
+        description="[AMT-LCI] Figure 3 (task-chain message rate and latency) for ferry vs the MPI parcelports.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--reps", type=positive, default=None, help="runs per point (median reported); default 5, --quick 1")
     p.add_argument("--quick", action="store_true", help="1 rep, fewer points, small counts: about 2 minutes")
@@ -99,7 +99,7 @@ def parse_args(argv):
     p.add_argument("--extra-args", default="", help="appended to every ferry-chains command line, e.g. '--pin'")
     p.add_argument("--ferry-devices", default=None,
                    help="devices of the ferry parcelport: a number, or 'threads' (one per worker thread, each "
-                        "worker polling its own: paper 000 §5.5); default: the parcelport's (FERRY_DEVICES, "
+                        "worker polling its own: [AMT-LCI] §5.5); default: the parcelport's (FERRY_DEVICES, "
                         "else 1). Measured here: one per worker halves the 16 KiB latency at 1024 chains but "
                         "raises the 1-chain latency (a hop waits for the worker owning its device)")
     p.add_argument("--replot", metavar="DIR", default=None,
@@ -428,7 +428,7 @@ def plot(pts, out_dir):
             h2, l2 = ax2.get_legend_handles_labels()
             if len(h1 + h2) > len(handles):
                 handles, labels = h1 + h2, l1 + l2
-        fig.suptitle("ferry-chains, paper 000 Figure 3 " + ("(a): flood, nsteps = 1" if kind == "rate"
+        fig.suptitle("ferry-chains, [AMT-LCI] Figure 3 " + ("(a): flood, nsteps = 1" if kind == "rate"
                                                               else "(b): long chains"), fontsize=11)
         # One legend for both panels, below them, so it hides no data point.
         fig.legend(handles, labels, loc="lower center", ncol=max(1, len(handles)), fontsize=8, frameon=False)
@@ -445,7 +445,7 @@ def report(records, out_dir, a, header):
     write_csv(pts, out_dir / "points.csv")
     body = tables(pts)
     failed = sum(1 for r in records if r["status"] not in ("ok",))
-    md = ["# ferry-chains: paper 000 Figure 3\n", header, "", body]
+    md = ["# ferry-chains: [AMT-LCI] Figure 3\n", header, "", body]
     if failed:
         md.append(f"{failed} of {len(records)} runs did not succeed (see raw.jsonl: status, exit, stderr).\n")
     (out_dir / "summary.md").write_text("\n".join(md))

@@ -75,7 +75,7 @@ struct Options {
   // A call arriving while a worker polls runs at once on that worker, inside background_work,
   // instead of going to the shared task queue (where any idle worker would take it). Parcel
   // handling is then tied to the thread that polled the device, as in runtimes that run
-  // handlers inline: this is what makes device polling policies matter (paper 001 §5.2). A
+  // handlers inline: this is what makes device polling policies matter ([MPI-AMT] §5.2). A
   // call that waits on a future helps from inside that poll (nested). Calls polled by threads
   // that are not workers still go through the queue.
   bool inline_calls = false;

@@ -12,21 +12,22 @@
 //  - back-pressure: a post that returns retry goes onto a deferred list (mutex, slow path)
 //    that background_work drains, one thread at a time; send() never blocks.
 //
-// The design space (runtime settings of the core Runtime, read back with config_value; paper
-// 000 §5, 001 §5.2, 004 §IV):
+// The design space (runtime settings of the core Runtime, read back with config_value;
+// [AMT-LCI] §5, [MPI-AMT] §5.2, [Daps] §IV; docs/references.md):
 //  - FERRY_HEADER=sendrecv: headers are post_send on kHeaderTag; each device keeps K
 //    (ParcelportOptions::header_recvs, default 4) post_recv(any_source, kHeaderTag) posted,
 //    each into its own buffer, re-posted as soon as the header is copied out. K > 1 lets
-//    several threads process headers of one device at once (paper 000 blames the single
+//    several threads process headers of one device at once ([AMT-LCI] blames the single
 //    pre-posted MPI_Irecv for serializing them); 4 covers the workers per device we run with
 //    and costs 4 packets of receive buffer per device. The copy (one malloc of the header
 //    size) is the price of owning the buffer: the upcall may keep the nzc.
 //    With ParcelportOptions::iovec a parcel with follow-ups is still one active message (the
-//    header is its eager part); only parcels without follow-ups use the header send.
+//    header is its eager part, [LCI-PP]'s iovec put); only parcels without follow-ups use the
+//    header send.
 //  - FERRY_COMPLETION=sync: every operation the parcelport posts completes into a Synchronizer
 //    from a pool that background_work polls a window at a time (the HPX MPI parcelport's request
 //    pool) — follow-ups always, header receives too with header=sendrecv; with header=am the
-//    headers still arrive through the completion queue (paper 000 Fig 7 "sync").
+//    headers still arrive through the completion queue ([AMT-LCI] Fig 7 "sync").
 //  - FERRY_PROGRESS: explicit (background_work progresses the devices the polling policy
 //    picks), implicit (only when it found no completion to handle), thread:N (the core's
 //    progress threads do it; background_work never progresses), steal (Daps: own device, else
@@ -35,7 +36,7 @@
 //    random device per call), global (every device per call).
 //  - FERRY_PARCEL_QUEUES: shared (one completion queue; an idle worker handles a parcel whichever
 //    device brought it) or device (a queue per device, exposed as AM target kHeaderTarget + d;
-//    a thread drains only the queues of the devices it polls — paper 001's devices, and with
+//    a thread drains only the queues of the devices it polls — [MPI-AMT]'s devices, and with
 //    them its attentiveness problem).
 #include "parcel/ferry_parcelport.hpp"
 
@@ -406,7 +407,7 @@ class FerryParcelport final : public Parcelport {
 
   // parcel_queues=device: what "polling device d" means: progress it (unless progress threads
   // do that) and handle what its own queue holds. Nobody else takes d's completions, so a
-  // parcel on a busy worker's device waits for a poller, as paper 001 §5.2 describes.
+  // parcel on a busy worker's device waits for a poller, as [MPI-AMT] §5.2 describes.
   bool service(int d, bool progress) {
     bool any = progress && progress_device(d);
     any |= drain_queue(cq_of(d));
@@ -432,7 +433,7 @@ class FerryParcelport final : public Parcelport {
         // poller that left) would never progress. One idle call in 4096 also polls another
         // device, which keeps "local" live (a worker's idle loop makes that call within about
         // a millisecond) without making it "global": a parcel on a busy worker's device still
-        // waits for that worker's task to end, as paper 001 §5.2 describes, unless the task
+        // waits for that worker's task to end, as [MPI-AMT] §5.2 describes, unless the task
         // is long. (One in 256 answered within tens of microseconds and hid that cost.)
         if (!any && (++t.misses & 4095u) == 0) any = visit((own + 1 + t.rng.below(n - 1)) % n);
         return any;

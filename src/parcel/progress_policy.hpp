@@ -1,6 +1,6 @@
 // progress_policy.hpp — which device an idle thread progresses: the per-thread random number
 // source of FERRY_DEVICE_POLLING=random, and Daps-style progress stealing (FERRY_PROGRESS=steal,
-// paper 004 §IV). Header-only and free of ferry's types, so the unit tests drive it with a
+// [Daps] §IV). Header-only and free of ferry's types, so the unit tests drive it with a
 // fake progress function.
 #pragma once
 
