@@ -95,8 +95,8 @@ std::unique_ptr<Parcelport> make_parcelport(const ParcelportOptions& options, Up
                 "(pkg-config ferry-parcel-mpi) and call ferry::parcel::register_mpi_parcelports() "
                 "(ferry/parcel_mpi.hpp) before creating the parcelport; " + valid);
 #else
-    throw Error(what + ": the MPI baseline parcelports were not built: MPICH was not found when ferry was "
-                "configured (install libmpich-dev and configure with FERRY_WITH_MPI=ON); " + valid);
+    throw Error(what + ": this ferry was built without the MPI baseline parcelports (FERRY_WITH_MPI=OFF, or "
+                "MPICH not found: install libmpich-dev and configure with FERRY_WITH_MPI=ON); " + valid);
 #endif
   }
   const bool mpi_registered = std::find(kinds.begin(), kinds.end(), kMpiKinds[0]) != kinds.end();
