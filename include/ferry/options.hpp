@@ -53,8 +53,8 @@ namespace ferry {
     "the ferry parcelport's completion queues: shared (one for every device), device (one " \
     "per device, drained only by the threads that poll it)")                               \
   X(parcelport, "FERRY_PARCELPORT", "ferry",                                               \
-    "ferry::amt's parcel transport: ferry, mpi, mpi_a, mpix")                              \
-  X(amt_threads, "FERRY_AMT_THREADS", "1", "ferry::amt worker threads per locality")
+    "ferry::amt's parcelport: ferry, mpi, mpi_a, mpix")                                    \
+  X(amt_threads, "FERRY_AMT_THREADS", "1", "ferry::amt worker threads per rank")
 
 struct OptionInfo {
   const char* name;

@@ -201,7 +201,7 @@ class Runtime {
   std::string bootstrap() const;
   // The value in force of one option of the table in options.hpp, by its field name
   // ("header", "progress", "devices"...), as text: "sendrecv", "thread:2", "2". Layers above
-  // (the parcel transport) read the design-space settings this way. Throws for an unknown name.
+  // (the parcel layer) read the design-space settings this way. Throws for an unknown name.
   std::string config_value(const std::string& name) const;
 
   // Makes `object` reachable from every rank as RemoteTarget{id}. Messages that arrive for an
