@@ -139,7 +139,7 @@ inline void add_msgrate_options(CLI::App* sub, MsgrateArgs& a) {
   sub->add_flag("--json", a.json, "one JSON object per result line");
 }
 
-// Options of ferry-bench contention (paper 002's micro-benchmarks: T threads on one device).
+// Options of ferry-bench contention ([Combining]'s micro-benchmarks: T threads on one device).
 struct ContentionArgs {
   std::string pattern = "send";  // send, recv, put
   std::int64_t size = 8;

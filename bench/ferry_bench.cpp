@@ -502,7 +502,7 @@ int run_msgrate(const bench::MsgrateArgs& a, int threads, int devices, const std
 
 // ---- contention -------------------------------------------------------------------------
 //
-// Paper 002's micro-benchmarks: the threads of a rank share ONE device and all do the same
+// [Combining]'s micro-benchmarks: the threads of a rank share ONE device and all do the same
 // thing at once, so the rate shows how the device's lock model (--lock-model, else
 // FERRY_LOCK_MODEL) copes with contention.
 //   send  T threads on rank 0 each stream active messages to their own receiving thread

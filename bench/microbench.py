@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Paper 002's micro-benchmarks on this machine: ferry's device thread-safety models under
+"""[Combining]'s micro-benchmarks on this machine: ferry's device thread-safety models under
 thread contention, latency per model, and completion-queue throughput per queue algorithm.
 
 For every lock model (FERRY_LOCK_MODEL: lockless, trylock, block, lockq, csync, offload) and
@@ -54,7 +54,7 @@ RAW_FIELDS = ["rep", "kind", "variant", "pattern", "threads", "size", "status", 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(
-        description="Thread-contention micro-benchmarks of ferry's lock models and completion queues (paper 002).",
+        description="Thread-contention micro-benchmarks of ferry's lock models and completion queues ([Combining]).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--reps", type=positive, default=None, help="runs per point, median reported (default 3; quick 1)")
     p.add_argument("--quick", action="store_true", help="one repetition, threads 1 and 8, small counts: under 2 minutes")

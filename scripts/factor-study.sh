@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The factor study of paper 000 §5 (Figures 6-9) over ferry's design space: installs the Debian
+# The factor study of [AMT-LCI] §5 (Figures 6-9) over ferry's design space: installs the Debian
 # packages ferry needs, builds ferry-chains and ferryrun (Release), then runs
 # bench/chains/factor_study.py with every argument given here.
 #   scripts/factor-study.sh --quick                     # a few variants, under 2 minutes

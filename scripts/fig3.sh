@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Paper 000 Figure 3 on this machine: installs the Debian packages ferry needs, builds
+# [AMT-LCI] Figure 3 on this machine: installs the Debian packages ferry needs, builds
 # ferry-chains (Release), then runs bench/chains/fig3.py with every argument given here.
 #   scripts/fig3.sh --quick            # about 2 minutes
 #   scripts/fig3.sh                    # the full sweep, 5 reps per point (under ~25 minutes)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Paper 002's micro-benchmarks on this machine: ferry's device lock models under thread
+# [Combining]'s micro-benchmarks on this machine: ferry's device lock models under thread
 # contention (all sending, all receiving, all putting, latency) and the completion queues.
 # Installs the Debian packages ferry needs, builds ferry-bench and ferryrun (Release), then
 # runs bench/microbench.py with every argument given here.

@@ -1,21 +1,21 @@
 // ferry-chains: the task-chain micro-benchmark of ferry's AMT runtime (message rate and latency
-// of parcels between two localities), after the HPX micro-benchmarks of paper 000 §4.2.1.
+// of parcels between two ranks), after the HPX micro-benchmarks of [AMT-LCI] §4.2.1.
 //
-// A chain is a sequence of nsteps hops alternating between locality 0 and locality 1; each hop
+// A chain is a sequence of nsteps hops alternating between rank 0 and rank 1; each hop
 // is one async() carrying an nbytes Blob, which the receiving task forwards to the other
-// locality (the Blob received zero-copy is passed on as it is: no copy, no new allocation).
+// rank (the Blob received zero-copy is passed on as it is: no copy, no new allocation).
 //   flood   (message rate): nsteps = 1, very many chains — every chain is one parcel;
 //   latency (ping-pong-like): many steps, few chains — time per hop with `nchains` in flight.
 // With --task-us U every hop's task first computes for U microseconds: workers are busy when
-// parcels arrive, which is what the device-polling and progress-stealing policies (paper 001
-// §5.2, paper 004) are about. --task-mode spin (the default) busy-spins, as real computation
+// parcels arrive, which is what the device-polling and progress-stealing policies ([MPI-AMT]
+// §5.2, [Daps]) are about. --task-mode spin (the default) busy-spins, as real computation
 // does; --task-mode sleep sleeps instead, which stands for computation on a core of the task's
 // own: on a machine with fewer cores than workers a spinning task takes the core an idle
 // worker would need to notice a parcel, so the attentiveness effect is hidden by the scheduler.
 //
-// Termination needs no global protocol: each locality knows how many chains end on it (the
-// parity of nsteps decides), counts them, and when all have ended tells locality 0 with one
-// async. Locality 0 stops the clock when both localities have reported.
+// Termination needs no global protocol: each rank knows how many chains end on it (the
+// parity of nsteps decides), counts them, and when all have ended tells rank 0 with one
+// async. Rank 0 stops the clock when both ranks have reported.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -34,6 +34,9 @@
 #include "ferry/amt.hpp"
 #include "ferry/error.hpp"
 #include "ferry/parcel.hpp"
+#ifdef FERRY_HAVE_PARCEL_MPI
+#include "ferry/parcel_mpi.hpp"
+#endif
 
 using ferry::amt::Blob;
 using Clock = std::chrono::steady_clock;
@@ -147,7 +150,7 @@ struct Bench {
   std::int64_t task_us = 0;  // compute per hop task
   bool task_sleeps = false;  // --task-mode sleep
   bool task_exp = false;     // --task-dist exp
-  std::uint64_t first_on_1 = 0;  // chains [0, first_on_1) start on locality 0, the rest on 1
+  std::uint64_t first_on_1 = 0;  // chains [0, first_on_1) start on rank 0, the rest on 1
   std::uint64_t ends_here = 0;
 
   ferry::amt::Action<void, std::uint64_t, std::uint32_t, Blob> hop{};
@@ -155,10 +158,10 @@ struct Bench {
 
   std::atomic<std::uint64_t> ended{0};
   std::atomic<std::uint64_t> payload_errors{0};
-  std::atomic<int> reports{0};             // locality 0: localities whose chains have all ended
+  std::atomic<int> reports{0};             // rank 0: ranks whose chains have all ended
   std::atomic<std::uint64_t> remote_errors{0};
   Clock::time_point t0, t1;
-  std::atomic<bool> finished{false};       // locality 0: both reported; locality 1: told to stop
+  std::atomic<bool> finished{false};       // rank 0: both reported; rank 1: told to stop
 
   int start_of(std::uint64_t chain) const { return chain < first_on_1 ? 0 : 1; }
   int end_of(std::uint64_t chain) const { return nsteps % 2 == 1 ? 1 - start_of(chain) : start_of(chain); }
@@ -168,7 +171,7 @@ struct Bench {
     finished.notify_all();
   }
 
-  // Locality 0 only: one locality's chains have all ended.
+  // Rank 0 only: one rank's chains have all ended.
   void report(std::uint64_t errors) {
     remote_errors.fetch_add(errors, std::memory_order_relaxed);
     if (reports.fetch_add(1, std::memory_order_acq_rel) + 1 == 2) {
@@ -178,12 +181,12 @@ struct Bench {
     }
   }
 
-  // This locality's chains have all ended (called exactly once).
+  // This rank's chains have all ended (called exactly once).
   void local_done() {
     if (me == 0) {
-      report(0);  // locality 0's payload errors are read directly at the end
+      report(0);  // rank 0's payload errors are read directly at the end
     } else {
-      // Locality 1 keeps forwarding chains that end on 0 until locality 0 says stop.
+      // Rank 1 keeps forwarding chains that end on 0 until rank 0 says stop.
       rt->async(0, done, payload_errors.load(std::memory_order_relaxed) + rt->errors());
     }
   }
@@ -204,7 +207,7 @@ struct Bench {
     }
   }
 
-  // Spawns this locality's chain starts as tasks of `batch` chains each, so every worker sends.
+  // Spawns this rank's chain starts as tasks of `batch` chains each, so every worker sends.
   void start() {
     const std::uint64_t lo = me == 0 ? 0 : first_on_1;
     const std::uint64_t hi = me == 0 ? first_on_1 : nchains;
@@ -223,13 +226,13 @@ int main(int argc, char** argv) {
   if (const char* e = std::getenv("FERRY_PARCELPORT"); e != nullptr && *e != '\0') a.parcelport = e;
   if (a.parcelport.empty()) a.parcelport = "ferry";
 
-  CLI::App app{"ferry-chains: task-chain message rate / latency between two localities (paper 000 §4.2.1)",
+  CLI::App app{"ferry-chains: task-chain message rate / latency between two ranks ([AMT-LCI] §4.2.1)",
                "ferry-chains"};
   app.add_option("--nchains", a.nchains, "chains in flight (flood: very many)")->check(integer_in(1, 1ll << 32));
   app.add_option("--nsteps", a.nsteps, "hops per chain (flood: 1; latency: many)")->check(integer_in(1, 0xffffffffll));
   app.add_option("--nbytes", a.nbytes, "payload bytes per hop (>= 8 KiB travels zero-copy)")
       ->check(integer_in(0, 1ll << 30));
-  app.add_option("--threads", a.threads, "worker threads per locality (0: FERRY_AMT_THREADS, else 1)")
+  app.add_option("--threads", a.threads, "worker threads per rank (0: FERRY_AMT_THREADS, else 1)")
       ->check(integer_in(0, 4096));
   app.add_option("--batch-size", a.batch_size, "chains started by one spawn task")->check(integer_in(1, 1ll << 32));
   app.add_option("--parcelport", a.parcelport, "ferry, mpi, mpi_a, mpix (default: FERRY_PARCELPORT, else ferry)");
@@ -244,11 +247,11 @@ int main(int argc, char** argv) {
   app.add_option("--task-dist", a.task_dist,
                  "task lengths: fixed (every task --task-us) or exp (exponential, mean --task-us: irregular tasks)")
       ->check(CLI::IsMember({"fixed", "exp"}));
-  app.add_flag("--single-source", a.single_source, "all chains start on locality 0 (default: half on each)");
+  app.add_flag("--single-source", a.single_source, "all chains start on rank 0 (default: half on each)");
   app.add_flag("--pin", a.pin, "pin worker i to core i % cores");
   app.add_flag("--inline-tasks", a.inline_tasks,
                "a hop's task runs on the worker that polled its parcel (amt::Options::inline_calls), not via the shared queue");
-  app.add_flag("--json", a.json, "one JSON object per run (locality 0)");
+  app.add_flag("--json", a.json, "one JSON object per run (rank 0)");
 
   const bool loud = is_rank_zero_by_env();
   try {
@@ -259,7 +262,10 @@ int main(int argc, char** argv) {
     if (loud) std::fprintf(stderr, "ferry-chains: error: %s\nRun with --help for usage.\n", e.what());
     return exit_usage;
   }
-  const auto kinds = ferry::parcel::transport_kinds();
+#ifdef FERRY_HAVE_PARCEL_MPI
+  ferry::parcel::register_mpi_parcelports();  // the baselines fig3 and the factor study compare against
+#endif
+  const auto kinds = ferry::parcel::parcelport_kinds();
   if (std::find(kinds.begin(), kinds.end(), a.parcelport) == kinds.end()) {
     if (loud) {
       std::string list;
@@ -281,12 +287,12 @@ int main(int argc, char** argv) {
   try {
     ferry::amt::Runtime rt(opt);
     b.rt = &rt;
-    b.me = rt.locality();
+    b.me = rt.rank();
     if (rt.size() != 2) {
       if (b.me == 0) {
-        std::fprintf(stderr, "ferry-chains: error: needs exactly 2 localities, got %d (launch with -n 2)\n", rt.size());
+        std::fprintf(stderr, "ferry-chains: error: needs exactly 2 ranks, got %d (launch with -n 2)\n", rt.size());
       }
-      return exit_usage;  // the destructor's collective finalize still runs on every locality
+      return exit_usage;  // the destructor's collective finalize still runs on every rank
     }
     b.peer = 1 - b.me;
     b.nchains = static_cast<std::uint64_t>(a.nchains);
@@ -314,7 +320,7 @@ int main(int argc, char** argv) {
     auto stop = rt.action("chains.stop", []() { b.finish(); });
 
     if (b.me == 0) {
-      // Handshake: the round trips prove locality 1 is up with its actions registered (calls
+      // Handshake: the round trips prove rank 1 is up with its actions registered (calls
       // that arrive earlier are held, not lost) and warm up both paths (header, zero-copy).
       const int trips = std::max<int>(1, static_cast<int>(a.warmup));
       for (int i = 0; i < trips; ++i) {
@@ -335,7 +341,7 @@ int main(int argc, char** argv) {
     const std::uint64_t errors = b.payload_errors.load() + b.remote_errors.load() + rt.errors();
     if (b.me != 0) {
       if (errors != 0) {
-        std::fprintf(stderr, "ferry-chains: locality 1: %llu errors\n", static_cast<unsigned long long>(errors));
+        std::fprintf(stderr, "ferry-chains: rank 1: %llu errors\n", static_cast<unsigned long long>(errors));
       }
       return errors == 0 ? 0 : 1;
     }
@@ -346,7 +352,7 @@ int main(int argc, char** argv) {
     if (a.json) {
       nlohmann::json j = {{"bench", "chains"},
                           {"parcelport", rt.parcelport()},
-                          {"localities", rt.size()},
+                          {"ranks", rt.size()},
                           {"nchains", b.nchains},
                           {"nsteps", b.nsteps},
                           {"nbytes", b.nbytes},
@@ -368,7 +374,7 @@ int main(int argc, char** argv) {
                           {"errors", errors}};
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("chains %s: %llu chains x %llu steps, %llu B, %d threads%s%s: %.4f s, %.3f us/hop, %.0f msg/s per locality, "
+      std::printf("chains %s: %llu chains x %llu steps, %llu B, %d threads%s%s: %.4f s, %.3f us/hop, %.0f msg/s per rank, "
                   "%llu errors\n",
                   rt.parcelport().c_str(), static_cast<unsigned long long>(b.nchains),
                   static_cast<unsigned long long>(b.nsteps), static_cast<unsigned long long>(b.nbytes), rt.threads(),

@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
-"""The factor study of paper 000 §5 (Figures 6-9) on ferry's design space, with ferry-chains.
+"""The factor study of [AMT-LCI] §5 (Figures 6-9) on ferry's design space, with ferry-chains.
 
 Each *variant* is a set of ferry's design-space environment variables (plus, for some, a worker
 count); each *family* groups the variants of one of the paper's figures. Every variant is
 measured with the paper's metrics and normalised to a reference, so that > 1 means better:
 
   rate 8 B, rate 16 KiB       flood (--nsteps 1, --single-source): messages per second of the
-                              sending locality; normalised variant / reference
+                              sending rank; normalised variant / reference
   latency 8 B, latency 16 KiB --lat-chains (1024) chains of many hops: time per hop;
                               normalised reference / variant (the paper takes the inverse)
 
 The reference is the base configuration, ferry's defaults — FERRY_HEADER=am, FERRY_COMPLETION=cq,
 FERRY_LOCK_MODEL=lockless, FERRY_PROGRESS=explicit, FERRY_DEVICE_POLLING=local, FERRY_DEVICES=1 —
-with --threads workers per locality (default: the cores of this machine, one thread per core as
+with --threads workers per rank (default: the cores of this machine, one thread per core as
 in the paper); it is called "lockless" in Figure 8 and "lockless_d1" in Figure 9, as the paper's
 names go. Two families have their own reference: "oversubscribed" (2 x --threads workers;
 normalised to the base configuration at that worker count) and "attentiveness" (below).
@@ -47,17 +47,17 @@ How the paper's variants map onto ferry's settings (only differences from the ba
     trylock_dN      FERRY_LOCK_MODEL=trylock FERRY_DEVICES=N
     blocking_dN     FERRY_LOCK_MODEL=block FERRY_DEVICES=N (am + cq + explicit progress)
     Workers map to devices statically (worker i sends on device i mod N) and device i of one
-    locality talks to device i of the other, so devices beyond --threads carry no traffic.
-  Lock models (paper 002; base settings otherwise): trylock, blocking, lockq, csync, offload.
+    rank talks to device i of the other, so devices beyond --threads carry no traffic.
+  Lock models ([Combining]; base settings otherwise): trylock, blocking, lockq, csync, offload.
   Progress: implicit (FERRY_PROGRESS=implicit), thread1 (FERRY_PROGRESS=thread:1, a dedicated
     progress thread besides the workers), steal (FERRY_PROGRESS=steal FERRY_DEVICES=2: stealing
     needs a device whose owner is busy), and lockless_d2 to separate the second device's effect.
   Oversubscribed: the lock models and the Figure 8 variants with 2 x --threads workers per
-    locality (on a 2-core machine: 4 workers per locality, 8 on 2 cores), where a preempted lock
+    rank (on a 2-core machine: 4 workers per rank, 8 on 2 cores), where a preempted lock
     holder stalls every thread waiting for a blocking lock.
-  Attentiveness (paper 001 §5.2, paper 004): chains whose every task also computes for
+  Attentiveness ([MPI-AMT] §5.2, [Daps]): chains whose every task also computes for
     --task-us microseconds (ferry-chains --task-us, --task-mode, --task-dist), --att-chains chains,
-    --att-threads workers (default 2) per locality and as many devices, each with its own
+    --att-threads workers (default 2) per rank and as many devices, each with its own
     completion queue (FERRY_PARCEL_QUEUES=device). Worker i owns device i: with `local` polling
     a parcel arriving on a busy worker's device waits until that task ends, even when another
     worker is idle. Variants: att_local (the reference), att_random and att_global
@@ -177,7 +177,7 @@ def build_variants(max_devices, att_devices=2):
         add(Variant(f"{name}_over", dict(src.settings), workers="over"))
     # Attentiveness
     # One device per worker, each with its own completion queue: a worker handles what arrives
-    # on its device, as in paper 001.
+    # on its device, as in [MPI-AMT].
     att = {"FERRY_DEVICES": str(att_devices), "FERRY_PARCEL_QUEUES": "device"}
     add(Variant("att_local", dict(att), workers="att"))
     add(Variant("att_random", {**att, "FERRY_DEVICE_POLLING": "random"}, workers="att"))
@@ -200,7 +200,7 @@ def build_families(max_devices, att_chains):
                "lockless", ["block", "try", "try_progress", "block_d2", "block_progress", "lockless"]),
         Family("devices", "Figure 9: devices, without and with coarse locks", "lockless_d1",
                [f"{k}_d{n}" for k in ("lockless", "trylock", "blocking") for n in devs]),
-        Family("locks", "Lock models (paper 002), --threads workers per locality", "base",
+        Family("locks", "Lock models ([Combining]), --threads workers per rank", "base",
                ["base", "trylock", "blocking", "lockq", "csync", "offload"]),
         Family("progress", "Progress strategies", "base", ["base", "implicit", "thread1", "lockless_d2", "steal"]),
         Family("oversubscribed", "Oversubscribed: 2 x the workers, normalised to the base at that count",
@@ -258,7 +258,7 @@ def metric_args(a, m):
 
 
 def value_of(m, result):
-    """Rate: the sending locality's messages per second (all chains start on locality 0).
+    """Rate: the sending rank's messages per second (all chains start on rank 0).
     Latency: time per hop of a chain."""
     return result["total_rate"] if m.kind == "rate" else result["latency_us"]
 
@@ -278,14 +278,14 @@ def name_list(text):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(
-        description="Paper 000 §5 factor study (Figures 6-9) over ferry's design space, with ferry-chains.",
+        description="[AMT-LCI] §5 factor study (Figures 6-9) over ferry's design space, with ferry-chains.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--reps", type=positive, default=None, help="runs per variant and metric (median); default 3, quick 1")
     p.add_argument("--quick", action="store_true",
                    help="a few variants, small counts, 1 rep: under 2 minutes")
-    p.add_argument("--threads", type=positive, default=CORES, help="workers per locality (one per core, as in the paper)")
+    p.add_argument("--threads", type=positive, default=CORES, help="workers per rank (one per core, as in the paper)")
     p.add_argument("--over-threads", type=positive, default=None,
-                   help="workers per locality in the oversubscribed family (default 2 x --threads)")
+                   help="workers per rank in the oversubscribed family (default 2 x --threads)")
     p.add_argument("--families", type=name_list, default=None, help="comma-separated families (default: all)")
     p.add_argument("--variants", type=name_list, default=None,
                    help="only these variants (comma-separated) within the chosen families; references are added")
@@ -310,7 +310,7 @@ def parse_args(argv):
                    help="attentiveness: concurrent chains, comma-separated (one metric each). Fewer chains than "
                         "workers leave idle workers that could attend a busy worker's device")
     p.add_argument("--att-steps", type=positive, default=None, help="attentiveness: hops per chain (default 4000; quick 500)")
-    p.add_argument("--att-threads", type=positive, default=2, help="attentiveness: workers per locality")
+    p.add_argument("--att-threads", type=positive, default=2, help="attentiveness: workers per rank")
     p.add_argument("--timeout", type=positive, default=None, help="seconds per run (default 60; quick 30)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for every run (repeatable), e.g. FERRY_PROVIDER=tcp")
@@ -668,9 +668,9 @@ def header(a, argv, info):
         f"- command: `{' '.join(shlex.quote(x) for x in ['factor_study.py'] + argv)}`",
         f"- {a.reps} reps per value (median; min..max in summary.csv), timeout {a.timeout} s per run, "
         f"`ferryrun -n 2`, parcelport ferry, provider {os.environ.get('FERRY_PROVIDER', 'auto')}",
-        f"- workers per locality: {a.threads} (oversubscribed family {a.over_threads}, attentiveness "
+        f"- workers per rank: {a.threads} (oversubscribed family {a.over_threads}, attentiveness "
         f"{a.att_threads})",
-        f"- rate: flood, nsteps 1, all chains from locality 0: {a.rate_chains} x 8 B, {a.rate_chains_zc} x 16 KiB; "
+        f"- rate: flood, nsteps 1, all chains from rank 0: {a.rate_chains} x 8 B, {a.rate_chains_zc} x 16 KiB; "
         f"msg/s of the sender",
         f"- latency: {a.lat_chains} chains x {a.lat_steps} hops (8 B), x {a.lat_steps_zc} hops (16 KiB); "
         f"us per hop, normalised inverted",
@@ -686,7 +686,7 @@ def header(a, argv, info):
 def report(a, argv, info, records, out_dir):
     stats = aggregate(records)
     probes = [float(r["c2c_ns"]) for r in records if r.get("c2c_ns") not in (None, "")]
-    rows, md = [], ["# ferry factor study (paper 000 §5)\n", header(a, argv, info), "- " + c2c_summary(probes), ""]
+    rows, md = [], ["# ferry factor study ([AMT-LCI] §5)\n", header(a, argv, info), "- " + c2c_summary(probes), ""]
     pngs = []
     for fam in a.family_list:
         fr = family_rows(a, fam, stats)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Figure 3 of paper 000 (§4.2.1) on this machine: ferry-chains over every parcelport.
+"""Figure 3 of [AMT-LCI] (§4.2.1) on this machine: ferry-chains over every parcelport.
 
 (a) message rate: flood runs (nsteps = 1, many chains) at 8 B and 16 KiB over thread counts;
 (b) latency: long chains (many steps) at 8 B and 16 KiB over the number of concurrent chains.
@@ -46,7 +46,7 @@ LAUNCH = {
         "mpi": "mpiexec.hydra -n 2 {prog} {args}",
     },
     "srun": {
-        # One locality per node; ferry bootstraps over PMIx under srun.
+        # One rank per node; ferry bootstraps over PMIx under srun.
         "ferry": "srun -N 2 -n 2 --ntasks-per-node=1 --mpi=pmix {prog} {args}",
         "mpi": "srun -N 2 -n 2 --ntasks-per-node=1 --mpi=pmix {prog} {args}",
     },
@@ -61,11 +61,11 @@ def size_name(n):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(
-        description="Paper 000 Figure 3 (task-chain message rate and latency) for ferry vs the MPI parcelports.",
+        description="[AMT-LCI] Figure 3 (task-chain message rate and latency) for ferry vs the MPI parcelports.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--reps", type=positive, default=None, help="runs per point (median reported); default 5, --quick 1")
     p.add_argument("--quick", action="store_true", help="1 rep, fewer points, small counts: about 2 minutes")
-    p.add_argument("--threads", default=None, help="rate sweep: worker threads per locality (default 1,2,4; quick 1,2)")
+    p.add_argument("--threads", default=None, help="rate sweep: worker threads per rank (default 1,2,4; quick 1,2)")
     p.add_argument("--chains", default=None,
                    help="latency sweep: concurrent chains (default 1,4,16,64,256,1024; quick 1,16,256)")
     p.add_argument("--sizes", default="8,16384", help="payload bytes")
@@ -82,10 +82,10 @@ def parse_args(argv):
     p.add_argument("--min-steps", type=positive, default=32, help="latency: fewest hops per chain")
     p.add_argument("--max-steps", type=positive, default=None, help="latency: most hops per chain (default 20000; quick 5000)")
     p.add_argument("--lat-threads", type=positive, default=None,
-                   help="latency: worker threads per locality (default: the cores of this machine, as in the paper)")
+                   help="latency: worker threads per rank (default: the cores of this machine, as in the paper)")
     p.add_argument("--batch-size", type=positive, default=64, help="chains started by one spawn task")
     p.add_argument("--bidirectional", action="store_true",
-                   help="flood from both localities (default: one sender, one receiver, as in the paper)")
+                   help="flood from both ranks (default: one sender, one receiver, as in the paper)")
     p.add_argument("--timeout", type=positive, default=None, help="seconds per run (default 60; quick 30)")
     p.add_argument("--out", default=None, help="results folder (default results/fig3-<timestamp>)")
     p.add_argument("--bin-dir", default=str(ROOT / "build" / "bin"), help="where ferry-chains and ferryrun are")
@@ -99,7 +99,7 @@ def parse_args(argv):
     p.add_argument("--extra-args", default="", help="appended to every ferry-chains command line, e.g. '--pin'")
     p.add_argument("--ferry-devices", default=None,
                    help="devices of the ferry parcelport: a number, or 'threads' (one per worker thread, each "
-                        "worker polling its own: paper 000 §5.5); default: the parcelport's (FERRY_DEVICES, "
+                        "worker polling its own: [AMT-LCI] §5.5); default: the parcelport's (FERRY_DEVICES, "
                         "else 1). Measured here: one per worker halves the 16 KiB latency at 1024 chains but "
                         "raises the 1-chain latency (a hop waits for the worker owning its device)")
     p.add_argument("--replot", metavar="DIR", default=None,
@@ -179,8 +179,8 @@ def command(a, pp, args):
 
 
 def value_of(kind, result):
-    """The plotted quantity. Rate: messages per second that one sending locality achieves — the
-    total rate with a single source (the paper's flood), the per-locality rate when both send."""
+    """The plotted quantity. Rate: messages per second that one sending rank achieves — the
+    total rate with a single source (the paper's flood), the per-rank rate when both send."""
     if kind == "rate":
         return result.get("total_rate", 2 * result["msg_rate"]) if result.get("single_source") else result["msg_rate"]
     return result["latency_us"]
@@ -327,7 +327,7 @@ def tables(pts):
     for kind, d in axes_of(pts).items():
         pps = d["pps"]
         if kind == "rate":
-            lines.append("### (a) Message rate (msg/s per sending locality, median; higher is better)\n")
+            lines.append("### (a) Message rate (msg/s per sending rank, median; higher is better)\n")
             xlabel, ratio_head = "threads", "ferry / best MPI"
         else:
             lines.append("### (b) Latency (us per hop of a chain, median; lower is better)\n")
@@ -416,7 +416,7 @@ def plot(pts, out_dir):
             ax2.yaxis.set_minor_formatter(ticker.NullFormatter())
             ax2.set_ylabel("ferry speedup (dotted, x)")
             if kind == "rate":
-                ax.set_xlabel("worker threads per locality")
+                ax.set_xlabel("worker threads per rank")
                 ax.set_ylabel("message rate (msg/s, solid)")
                 ax.set_title(f"(a) message rate, {size_name(nbytes)}")
             else:
@@ -428,7 +428,7 @@ def plot(pts, out_dir):
             h2, l2 = ax2.get_legend_handles_labels()
             if len(h1 + h2) > len(handles):
                 handles, labels = h1 + h2, l1 + l2
-        fig.suptitle("ferry-chains, paper 000 Figure 3 " + ("(a): flood, nsteps = 1" if kind == "rate"
+        fig.suptitle("ferry-chains, [AMT-LCI] Figure 3 " + ("(a): flood, nsteps = 1" if kind == "rate"
                                                               else "(b): long chains"), fontsize=11)
         # One legend for both panels, below them, so it hides no data point.
         fig.legend(handles, labels, loc="lower center", ncol=max(1, len(handles)), fontsize=8, frameon=False)
@@ -445,7 +445,7 @@ def report(records, out_dir, a, header):
     write_csv(pts, out_dir / "points.csv")
     body = tables(pts)
     failed = sum(1 for r in records if r["status"] not in ("ok",))
-    md = ["# ferry-chains: paper 000 Figure 3\n", header, "", body]
+    md = ["# ferry-chains: [AMT-LCI] Figure 3\n", header, "", body]
     if failed:
         md.append(f"{failed} of {len(records)} runs did not succeed (see raw.jsonl: status, exit, stderr).\n")
     (out_dir / "summary.md").write_text("\n".join(md))
@@ -484,9 +484,9 @@ def main(argv):
         f"- reps {a.reps} (median; min..max in points.csv), timeout {a.timeout} s per run, launcher "
         f"{'custom' if (a.ferry_launch or a.mpi_launch) else a.launcher}",
         f"- (a) flood: nsteps 1, {a.rate_chains} chains below {ZC_THRESHOLD} B, {a.rate_chains_zc} at or above; "
-        f"{'both localities send' if a.bidirectional else 'all chains start on locality 0 (one sender)'}; "
-        f"rate = messages per second per sending locality",
-        f"- (b) latency: {a.lat_threads} threads per locality, nsteps = message budget "
+        f"{'both ranks send' if a.bidirectional else 'all chains start on rank 0 (one sender)'}; "
+        f"rate = messages per second per sending rank",
+        f"- (b) latency: {a.lat_threads} threads per rank, nsteps = message budget "
         f"({a.lat_budget} / {a.lat_budget_zc} zero-copy) / chains, within [{a.min_steps}, {a.max_steps}]; "
         f"latency = run time / nsteps",
         f"- ferry parcelport devices: "

@@ -1,8 +1,8 @@
-// ferry/amt.hpp — a small asynchronous many-task runtime on the parcel transport.
+// ferry/amt.hpp — a small asynchronous many-task runtime on the parcel layer.
 //
-// Localities are the ranks of the job. Each runs a pool of worker threads that execute tasks
-// and, when idle, call the transport's background_work(). Remote work is an action: a
-// function registered under a name on every locality (the id is a hash of the name, so the
+// Each rank of the job (what HPX calls a locality) runs a pool of worker threads that execute
+// tasks and, when idle, call the parcelport's background_work(). Remote work is an action: a
+// function registered under a name on every rank (the id is a hash of the name, so the
 // order of registration does not matter) and invoked with async():
 //
 //   ferry::amt::Runtime rt({.threads = 4});
@@ -14,7 +14,7 @@
 // Arguments are serialized by value: trivially copyable types as bytes; std::vector<T> of a
 // trivially copyable T and std::string by length and contents; Blob (owned bytes) zero-copy.
 // Arrays at or above the zero-copy threshold (default 8 KiB) travel as zero-copy chunks;
-// a Blob received that way is the transport's buffer itself, no copy.
+// a Blob received that way is the parcelport's buffer itself, no copy.
 #pragma once
 
 #include <atomic>
@@ -75,7 +75,7 @@ struct Options {
   // A call arriving while a worker polls runs at once on that worker, inside background_work,
   // instead of going to the shared task queue (where any idle worker would take it). Parcel
   // handling is then tied to the thread that polled the device, as in runtimes that run
-  // handlers inline: this is what makes device polling policies matter (paper 001 §5.2). A
+  // handlers inline: this is what makes device polling policies matter ([MPI-AMT] §5.2). A
   // call that waits on a future helps from inside that poll (nested). Calls polled by threads
   // that are not workers still go through the queue.
   bool inline_calls = false;
@@ -191,7 +191,7 @@ struct Reader {
       auto [p, n, i] = bytes();
       if (i >= 0 && !(*zc_taken)[static_cast<std::size_t>(i)]) {
         (*zc_taken)[static_cast<std::size_t>(i)] = true;
-        return Blob(const_cast<std::byte*>(p), n);  // adopt the transport's buffer: no copy
+        return Blob(const_cast<std::byte*>(p), n);  // adopt the parcelport's buffer: no copy
       }
       Blob b(n);
       if (n != 0) std::memcpy(b.data(), p, n);
@@ -254,47 +254,47 @@ class Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
-  int locality() const noexcept;
+  int rank() const noexcept;
   int size() const noexcept;
   int threads() const noexcept;
   std::string parcelport() const;
 
-  // Registers fn under `name` on this locality. Every locality must register every action it
+  // Registers fn under `name` on this rank. Every rank must register every action it
   // may receive; an unknown action is reported as an error naming its id and sender.
   template <class F>
   auto action(const std::string& name, F fn) {
     return make_action(name, std::function(fn));
   }
 
-  // Fire and forget: runs action(args...) on `locality`.
+  // Fire and forget: runs action(args...) on `rank`.
   template <class R, class... Args, class... Given>
-  void async(int locality, const Action<R, Args...>& a, Given&&... args) {
-    send_call(locality, a.id, 0, serialize<Args...>(std::forward<Given>(args)...));
+  void async(int rank, const Action<R, Args...>& a, Given&&... args) {
+    send_call(rank, a.id, 0, serialize<Args...>(std::forward<Given>(args)...));
   }
 
-  // Runs action(args...) on `locality` and brings its result back.
+  // Runs action(args...) on `rank` and brings its result back.
   template <class R, class... Args, class... Given>
-  Future<R> async_future(int locality, const Action<R, Args...>& a, Given&&... args) {
+  Future<R> async_future(int rank, const Action<R, Args...>& a, Given&&... args) {
     auto state = std::make_shared<typename Future<R>::State>();
     const std::uint64_t token = register_pending(state, [state](detail::Reader& r) {
       if constexpr (!std::is_void_v<R>) state->value = r.arg<R>();
       state->ready.store(true, std::memory_order_release);
     });
-    send_call(locality, a.id, token, serialize<Args...>(std::forward<Given>(args)...));
+    send_call(rank, a.id, token, serialize<Args...>(std::forward<Given>(args)...));
     return Future<R>(this, std::move(state));
   }
 
-  // Runs f on some worker of this locality.
+  // Runs f on some worker of this rank.
   void spawn(std::function<void()> f);
 
   // Runs one task or one round of background work from the calling thread; true if it did
   // something. What Future::get and finalize use to help while they wait.
   bool help();
 
-  // Collective: returns on every locality once no task and no parcel is left anywhere.
+  // Collective: returns on every rank once no task and no parcel is left anywhere.
   void finalize();
 
-  // Parcels this locality's application sent / received (control traffic excluded).
+  // Parcels this rank's application sent / received (control traffic excluded).
   std::uint64_t parcels_sent() const noexcept;
   std::uint64_t parcels_received() const noexcept;
   // Failed tasks, malformed replies, and (after finalize) calls to actions never registered.
@@ -336,8 +336,8 @@ class Runtime {
 
   void register_invoker(std::uint64_t id, const std::string& name, detail::Invoker invoker);
   std::uint64_t register_pending(std::shared_ptr<void> keep, std::function<void(detail::Reader&)> on_reply);
-  void send_call(int locality, std::uint64_t action, std::uint64_t reply_to, detail::Writer&& w);
-  void send_reply(int locality, std::uint64_t token, detail::Writer&& w);
+  void send_call(int rank, std::uint64_t action, std::uint64_t reply_to, detail::Writer&& w);
+  void send_reply(int rank, std::uint64_t token, detail::Writer&& w);
   std::size_t zc_threshold() const noexcept;
 
   std::unique_ptr<Impl> impl_;

@@ -107,7 +107,7 @@ namespace detail {
 class QueueImpl;
 }
 
-// Which queue algorithm backs a CompletionQueue (paper 000 §5.2, Figure 7).
+// Which queue algorithm backs a CompletionQueue ([AMT-LCI] §5.2, Figure 7).
 //  - ring: bounded array queue, CAS on head/tail tickets with per-cell sequence numbers.
 //  - faa: bounded array queue in the LCRQ class: fetch-and-add tickets, no CAS loop on the
 //    counters (one CRQ of LCRQ on 64-bit atomics).

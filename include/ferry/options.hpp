@@ -9,7 +9,7 @@
 // ferry-info prints every layer's table with the values in force.
 //
 // Layers: the core runtime (RuntimeOptions -> RuntimeSettings, runtime_option_table() here),
-// the parcel transport (ferry/parcel.hpp) and the AMT runtime (ferry/amt.hpp). Adding an
+// the parcel layer (ferry/parcel.hpp) and the AMT runtime (ferry/amt.hpp). Adding an
 // option is one row in its layer's table plus the field it fills and its use.
 #pragma once
 
@@ -282,7 +282,7 @@ struct RuntimeOptions {
 
 enum class LockModel : std::uint8_t { lockless, trylock, block, lockq, csync, offload };
 enum class FragmentMode : std::uint8_t { automatic, off };
-// sync is the parcel transport's mechanism; the core's queues use the array ring for it.
+// sync is the ferry parcelport's mechanism; the core's queues use the array ring for it.
 enum class CompletionMechanism : std::uint8_t { cq, cq_ms, cq_lock, sync };
 // thread:N is carried out by the core (N progress threads), the others by the layer above.
 enum class ProgressMode : std::uint8_t { explicit_calls, implicit, thread, steal };

@@ -1,8 +1,8 @@
-// ferry/parcel.hpp — the parcel transport: what an AMT runtime needs from communication.
+// ferry/parcel.hpp — the parcel layer: what an AMT runtime needs from communication.
 //
 // A parcel is one nonzero-copy chunk (serialized metadata and small arguments) plus any number
 // of zero-copy chunks (large arguments). send() may be called by any thread; it never blocks
-// and never fails for lack of resources (the transport queues what it cannot start yet).
+// and never fails for lack of resources (the parcelport queues what it cannot start yet).
 // Idle threads call background_work(). Delivery is by upcall:
 //
 //   sender                                      receiver
@@ -14,10 +14,12 @@
 // Chunks of one parcel travel in order; different parcels travel concurrently. Every parcel is
 // delivered exactly once and on_sent is called exactly once per parcel.
 //
-// Implementations (TransportOptions::kind):
+// Implementations (ParcelportOptions::kind):
 //   ferry  header by active message into a completion queue, follow-ups by tagged send/recv
 //          (or one iovec active message with `iovec`), one device per thread, no lock on the
 //          message path.
+// The MPI kinds are the baseline ferry is measured against, in the separate ferry::parcel_mpi
+// library (parcel_mpi.hpp; see "Choosing a parcelport by name" below):
 //   mpi    HPX's MPI parcelport: MPI_THREAD_MULTIPLE, header tag 0 with one pre-posted
 //          MPI_Irecv(ANY_SOURCE), per-parcel tags, connection deques under try-locks, one
 //          connection advanced per background_work() with MPI_Test.
@@ -48,7 +50,7 @@ struct Parcel {
   // On the receiving side: owns the memory behind `nzc` (the caller may keep it or drop it).
   // On the sending side: unused; the sender keeps its chunks alive until on_sent.
   ferry::Buffer nzc_storage;
-  // On the receiving side, when the transport allocated the zero-copy chunks itself (the
+  // On the receiving side, when the parcelport allocated the zero-copy chunks itself (the
   // ferry parcelport's iovec mode): owns the memory behind `zc`, and allocate_zc_chunks was
   // not called. Empty otherwise.
   std::vector<ferry::Buffer> zc_storage;
@@ -67,12 +69,12 @@ class Upcalls {
 
 using SentCallback = std::function<void()>;
 
-struct TransportOptions {
+struct ParcelportOptions {
   std::string kind = "ferry";     // ferry, mpi, mpi_a, mpix
   int devices = 0;                // ferry: devices (0: FERRY_DEVICES); mpix: communicators (0: 2)
   int header_recvs = 0;           // ferry with FERRY_HEADER=sendrecv: pre-posted header receives per device (0: 4)
   bool iovec = false;             // ferry: follow-ups as one iovec active message
-  std::size_t max_header = 0;     // bytes of header incl. piggybacked nzc (0: the transport's eager limit)
+  std::size_t max_header = 0;     // bytes of header incl. piggybacked nzc (0: the parcelport's eager limit)
   // The ferry parcelport's design space (parcel::option_table(); empty: environment, else default).
   std::string header{};          // am, sendrecv
   std::string device_polling{};  // local, random, global
@@ -92,15 +94,15 @@ struct Settings {
   ParcelQueues parcel_queues = ParcelQueues::shared;
 };
 
-using ParcelOptionTable = OptionTable<TransportOptions, Settings>;
+using ParcelOptionTable = OptionTable<ParcelportOptions, Settings>;
 
 // The parcel layer's table, in declaration order.
 const ParcelOptionTable& option_table();
 
-class Transport {
+class Parcelport {
  public:
-  virtual ~Transport() = default;
-  virtual int locality() const noexcept = 0;
+  virtual ~Parcelport() = default;
+  virtual int rank() const noexcept = 0;
   virtual int size() const noexcept = 0;
   virtual std::string name() const = 0;
   // Any thread. `parcel`'s chunks must stay valid until on_sent runs.
@@ -109,22 +111,41 @@ class Transport {
   // Any thread, typically idle workers. True if anything progressed.
   virtual bool background_work() = 0;
   // The layer above's worker threads report when they start (true) and finish (false) running a
-  // task, outermost task only. A transport that steals progress (FERRY_PROGRESS=steal) uses it
+  // task, outermost task only. A parcelport that steals progress (FERRY_PROGRESS=steal) uses it
   // to tell a device whose owners are all busy from one that is attended; others ignore it.
   // Called from the worker itself; must be cheap and never block.
   virtual void worker_busy(bool busy) noexcept { (void)busy; }
   // Collective; keeps progressing while it waits. For setup and teardown only.
   virtual void barrier() = 0;
-  // Parcels sent / delivered so far by this locality (for termination detection).
+  // Parcels sent / delivered so far by this rank (for termination detection).
   virtual std::uint64_t parcels_sent() const noexcept = 0;
   virtual std::uint64_t parcels_delivered() const noexcept = 0;
 };
 
-// The kinds this build supports ("ferry" always; the MPI kinds when built with MPICH).
-std::vector<std::string> transport_kinds();
+// ---- Choosing a parcelport by name (FERRY_PARCELPORT, ParcelportOptions::kind) ----------------
+//
+// make_parcelport looks the kind up in a registry of names. "ferry" is always there. The MPI
+// baselines live in their own library, so that this one does not depend on MPI: a program that
+// wants them links ferry::parcel_mpi (pkg-config ferry-parcel-mpi) and calls
+// ferry::parcel::register_mpi_parcelports() (ferry/parcel_mpi.hpp) before it asks for one.
+// Registration is an explicit call, not a static initialiser: the call is what makes the linker
+// keep the library, and the registry is complete before anyone reads it.
 
-// Throws ferry::Error for an unknown kind, listing the valid ones.
-std::unique_ptr<Transport> make_transport(const TransportOptions& options, Upcalls& upcalls);
+// Makes a parcelport of options.kind (the name it was registered under); collective, like the
+// parcelports' constructors.
+using ParcelportFactory = std::unique_ptr<Parcelport> (*)(const ParcelportOptions& options, Upcalls& upcalls);
+
+// Adds `name` to the registry. Any thread. Registering the same factory under the same name
+// again does nothing, so register functions may be called more than once. Throws ferry::Error
+// for an empty name, a null factory, or a name already registered with another factory.
+void register_parcelport(const std::string& name, ParcelportFactory factory);
+
+// The names make_parcelport accepts in this process, in registration order ("ferry" first).
+std::vector<std::string> parcelport_kinds();
+
+// Throws ferry::Error for a kind that is not registered, naming FERRY_PARCELPORT and the value
+// and listing the registered kinds; for an MPI baseline kind it also says how to get it.
+std::unique_ptr<Parcelport> make_parcelport(const ParcelportOptions& options, Upcalls& upcalls);
 
 // Which device or communicator the calling thread uses: set by the runtime for its workers;
 // threads that never set it get one round-robin on first use.

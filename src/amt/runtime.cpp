@@ -1,9 +1,9 @@
 // The AMT runtime: worker pool, task queue, action dispatch, replies, and termination.
 //
-// Termination (finalize) is a double-counting wave protocol run by locality 0: it asks every
-// locality for (application parcels sent, received, idle, finalizing); when two consecutive
+// Termination (finalize) is a double-counting wave protocol run by rank 0: it asks every
+// rank for (application parcels sent, received, idle, finalizing); when two consecutive
 // waves report everyone idle and finalizing with equal, unchanged totals, nothing can be in
-// flight anywhere, and locality 0 tells everyone to stop. Control parcels are not counted.
+// flight anywhere, and rank 0 tells everyone to stop. Control parcels are not counted.
 #include <pthread.h>
 #include <sched.h>
 
@@ -53,11 +53,13 @@ const AmtOptionTable& option_table() {
   static const AmtOptionTable table(
       "amt", "amt::Options",
       {
-          option({"parcelport", "FERRY_PARCELPORT", T::choice, "ferry", {"ferry", "mpi", "mpi_a", "mpix"}, 0, 0,
-                  nullptr, "ferry::amt's parcel transport: ferry, mpi, mpi_a, mpix"},
+          // Text, not a choice: a program may register parcelports of its own, and make_parcelport
+          // names the registered ones (and how to register the MPI baselines) for a wrong name.
+          option({"parcelport", "FERRY_PARCELPORT", T::text, "ferry", {}, 0, 0, nullptr,
+                  "ferry::amt's parcelport: ferry, mpi, mpi_a, mpix (any registered name)"},
                  &Options::parcelport, &Settings::parcelport),
           option({"threads", "FERRY_AMT_THREADS", T::count, "1", {}, 1, 4096, nullptr,
-                  "ferry::amt worker threads per locality"},
+                  "ferry::amt worker threads per rank"},
                  &Options::threads, &Settings::threads),
       });
   return table;
@@ -69,11 +71,11 @@ class Runtime::Impl final : public parcel::Upcalls {
     const Settings resolved = option_table().resolve(options_).settings;
     options_.parcelport = resolved.parcelport;
     options_.threads = resolved.threads;
-    parcel::TransportOptions t;
+    parcel::ParcelportOptions t;
     t.kind = options_.parcelport;
     t.devices = options_.devices;
     t.iovec = options_.iovec;
-    transport_ = parcel::make_transport(t, *this);
+    parcelport_ = parcel::make_parcelport(t, *this);
     for (int i = 0; i < options_.threads; ++i) workers_.emplace_back([this, i] { work(i); });
   }
 
@@ -98,7 +100,7 @@ class Runtime::Impl final : public parcel::Upcalls {
 
   void handle_parcel(int source, parcel::Parcel&& p) override {
     if (p.nzc.size < 1) {
-      FERRY_LOG_AT(warn, locality(), -1, "amt: empty parcel from locality %d", source);
+      FERRY_LOG_AT(warn, rank(), -1, "amt: empty parcel from rank %d", source);
       return;
     }
     const auto kind = static_cast<Kind>(static_cast<std::uint8_t>(p.nzc.data[0]));
@@ -107,7 +109,7 @@ class Runtime::Impl final : public parcel::Upcalls {
         // The call is active before it counts as received (see count_received).
         active_.fetch_add(1, std::memory_order_acq_rel);
         count_received();
-        // One inline call per background_work: a transport hands over up to a batch of parcels
+        // One inline call per background_work: a parcelport hands over up to a batch of parcels
         // per call, and running them all here would queue the later ones behind the first
         // task while other workers idle. The rest go to the task queue.
         if (options_.inline_calls && tls_worker_of == this && !tls_inline_ran) {
@@ -137,15 +139,15 @@ class Runtime::Impl final : public parcel::Upcalls {
         free_zc(p, {});
         return;
     }
-    FERRY_LOG_AT(warn, locality(), -1, "amt: parcel of unknown kind %u from locality %d", static_cast<unsigned>(kind),
+    FERRY_LOG_AT(warn, rank(), -1, "amt: parcel of unknown kind %u from rank %d", static_cast<unsigned>(kind),
                  source);
   }
 
   // ---- tasks ----------------------------------------------------------------------------
   // A termination wave must never see an application parcel received while the work it
-  // starts is not yet active: that locality would report idle with the parcel counted, and
+  // starts is not yet active: that rank would report idle with the parcel counted, and
   // if its thread is preempted in between for the length of two waves (a millisecond on an
-  // oversubscribed machine), both waves balance and locality 0 stops everyone with the task
+  // oversubscribed machine), both waves balance and rank 0 stops everyone with the task
   // still to run. So a handler makes the work active first (acq_rel on active_), then counts
   // the parcel here with a release increment; a report that reads the count with acquire
   // therefore reads active_ after that increment, and sees the work active or finished.
@@ -180,7 +182,7 @@ class Runtime::Impl final : public parcel::Upcalls {
       const BusyMark busy(*this);
       (*t)();
     } catch (const std::exception& e) {
-      FERRY_LOG_AT(error, locality(), -1, "amt: a task failed: %s", e.what());
+      FERRY_LOG_AT(error, rank(), -1, "amt: a task failed: %s", e.what());
       errors_.fetch_add(1, std::memory_order_relaxed);
     }
     delete t;
@@ -197,7 +199,7 @@ class Runtime::Impl final : public parcel::Upcalls {
       const BusyMark busy(*this);
       run_call(source, p);
     } catch (const std::exception& e) {
-      FERRY_LOG_AT(error, locality(), -1, "amt: a task failed: %s", e.what());
+      FERRY_LOG_AT(error, rank(), -1, "amt: a task failed: %s", e.what());
       errors_.fetch_add(1, std::memory_order_relaxed);
     }
     active_.fetch_sub(1, std::memory_order_acq_rel);
@@ -206,10 +208,10 @@ class Runtime::Impl final : public parcel::Upcalls {
   bool help() {
     if (run_one()) return true;
     tls_inline_ran = false;
-    return transport_->background_work();
+    return parcelport_->background_work();
   }
 
-  // Marks this worker busy for the transport while it runs its outermost task (a task that
+  // Marks this worker busy for the parcelport while it runs its outermost task (a task that
   // helps inside Future::get runs nested tasks: those do not count again). Only the runtime's
   // own workers report: a thread of the application is not a device's owner.
   static thread_local const Impl* tls_worker_of;
@@ -219,10 +221,10 @@ class Runtime::Impl final : public parcel::Upcalls {
     const Impl& rt;
     const bool mine;
     explicit BusyMark(const Impl& r) noexcept : rt(r), mine(tls_worker_of == &r) {
-      if (mine && tls_task_depth++ == 0) rt.transport_->worker_busy(true);
+      if (mine && tls_task_depth++ == 0) rt.parcelport_->worker_busy(true);
     }
     ~BusyMark() {
-      if (mine && --tls_task_depth == 0) rt.transport_->worker_busy(false);
+      if (mine && --tls_task_depth == 0) rt.parcelport_->worker_busy(false);
     }
     BusyMark(const BusyMark&) = delete;
     BusyMark& operator=(const BusyMark&) = delete;
@@ -314,14 +316,14 @@ class Runtime::Impl final : public parcel::Upcalls {
     try {
       pending->on_reply(r);
     } catch (const std::exception& e) {
-      FERRY_LOG_AT(error, locality(), -1, "amt: a reply from locality %d is malformed: %s", source, e.what());
+      FERRY_LOG_AT(error, rank(), -1, "amt: a reply from rank %d is malformed: %s", source, e.what());
       errors_.fetch_add(1, std::memory_order_relaxed);
     }
     free_zc(p, taken);
   }
 
   static void free_zc(parcel::Parcel& p, const std::vector<bool>& taken) {
-    if (!p.zc_storage.empty()) return;  // the transport owns them
+    if (!p.zc_storage.empty()) return;  // the parcelport owns them
     for (std::size_t i = 0; i < p.zc.size(); ++i) {
       if (i >= taken.size() || !taken[i]) std::free(p.zc[i].data);
     }
@@ -335,8 +337,8 @@ class Runtime::Impl final : public parcel::Upcalls {
 
   void send(int dest, Kind kind, std::uint64_t a, std::uint64_t b, detail::Writer&& w, bool count) {
     if (dest < 0 || dest >= size()) {
-      throw Error("async: locality=" + std::to_string(dest) + " does not exist; there are " + std::to_string(size()) +
-                  " localities (0.." + std::to_string(size() - 1) + ")");
+      throw Error("async: rank=" + std::to_string(dest) + " is out of range; the job has " + std::to_string(size()) +
+                  " ranks (0.." + std::to_string(size() - 1) + ")");
     }
     // Prefix: kind, a, b — in front of the serialized arguments.
     auto msg = std::make_shared<detail::Writer>(std::move(w));
@@ -349,7 +351,7 @@ class Runtime::Impl final : public parcel::Upcalls {
     p.nzc = {msg->nzc.data(), msg->nzc.size()};
     p.zc = msg->zc;
     if (count) sent_.fetch_add(1, std::memory_order_relaxed);
-    transport_->send(dest, std::move(p), [msg] {});  // msg keeps every chunk alive until sent
+    parcelport_->send(dest, std::move(p), [msg] {});  // msg keeps every chunk alive until sent
   }
 
   // ---- termination ----------------------------------------------------------------------------
@@ -383,14 +385,14 @@ class Runtime::Impl final : public parcel::Upcalls {
     if (finalized_) return;
     finalized_ = true;
     finalizing_.store(true, std::memory_order_release);
-    if (locality() == 0) run_waves();
+    if (rank() == 0) run_waves();
     while (!stop_received_.load(std::memory_order_acquire)) {
       if (!help()) std::this_thread::yield();
     }
-    transport_->barrier();
+    parcelport_->barrier();
     std::lock_guard<std::shared_mutex> g(actions_mutex_);
     for (const auto& [id, parked] : parked_) {
-      FERRY_LOG_AT(warn, locality(), -1, "amt: a call from locality %d named action id %llu, which was never registered here",
+      FERRY_LOG_AT(warn, rank(), -1, "amt: a call from rank %d named action id %llu, which was never registered here",
                    parked.first, static_cast<unsigned long long>(id));
       unknown_.fetch_add(1, std::memory_order_relaxed);
     }
@@ -426,12 +428,12 @@ class Runtime::Impl final : public parcel::Upcalls {
     for (int l = 0; l < size(); ++l) send(l, Kind::term_stop, 0, 0, detail::Writer{}, false);
   }
 
-  int locality() const noexcept { return transport_->locality(); }
-  int size() const noexcept { return transport_->size(); }
+  int rank() const noexcept { return parcelport_->rank(); }
+  int size() const noexcept { return parcelport_->size(); }
 
   Runtime& self_;
   Options options_;
-  std::unique_ptr<parcel::Transport> transport_;
+  std::unique_ptr<parcel::Parcelport> parcelport_;
   std::vector<std::thread> workers_;
   std::atomic<bool> stop_{false};
 
@@ -471,10 +473,10 @@ Runtime::~Runtime() {
     FERRY_LOG(error, "amt: finalize: %s", e.what());
   }
 }
-int Runtime::locality() const noexcept { return impl_->locality(); }
+int Runtime::rank() const noexcept { return impl_->rank(); }
 int Runtime::size() const noexcept { return impl_->size(); }
 int Runtime::threads() const noexcept { return static_cast<int>(impl_->workers_.size()); }
-std::string Runtime::parcelport() const { return impl_->transport_->name(); }
+std::string Runtime::parcelport() const { return impl_->parcelport_->name(); }
 void Runtime::spawn(std::function<void()> f) { impl_->spawn(std::move(f)); }
 bool Runtime::help() { return impl_->help(); }
 void Runtime::finalize() { impl_->finalize(); }
@@ -486,11 +488,11 @@ void Runtime::register_invoker(std::uint64_t id, const std::string& name, detail
 std::uint64_t Runtime::register_pending(std::shared_ptr<void> keep, std::function<void(detail::Reader&)> on_reply) {
   return impl_->register_pending(std::move(keep), std::move(on_reply));
 }
-void Runtime::send_call(int locality, std::uint64_t action, std::uint64_t reply_to, detail::Writer&& w) {
-  impl_->send(locality, Kind::call, action, reply_to, std::move(w), true);
+void Runtime::send_call(int rank, std::uint64_t action, std::uint64_t reply_to, detail::Writer&& w) {
+  impl_->send(rank, Kind::call, action, reply_to, std::move(w), true);
 }
-void Runtime::send_reply(int locality, std::uint64_t token, detail::Writer&& w) {
-  impl_->send(locality, Kind::reply, token, 0, std::move(w), true);
+void Runtime::send_reply(int rank, std::uint64_t token, detail::Writer&& w) {
+  impl_->send(rank, Kind::reply, token, 0, std::move(w), true);
 }
 std::size_t Runtime::zc_threshold() const noexcept { return impl_->options_.zc_threshold; }
 std::uint64_t Runtime::errors() const noexcept {

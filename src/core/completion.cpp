@@ -57,7 +57,7 @@ namespace detail {
 // Measured on the 2-core development machine (medians of interleaved runs, 1-8 threads): ring
 // was as fast as faa or faster (the two are within noise at 4 and 8 threads) and costs fewer
 // instructions per push+pop (callgrind: about 150 vs 210 in the queue itself). FAA's edge over
-// CAS (paper 000 Figure 7) grows with the core count: re-measure on a many-core node and flip
+// CAS ([AMT-LCI] Figure 7) grows with the core count: re-measure on a many-core node and flip
 // this to QueueKind::faa if it wins there.
 constexpr QueueKind kCqQueueKind = QueueKind::ring;
 

@@ -1,4 +1,4 @@
-// lock_model.hpp — how threads share one device (FERRY_LOCK_MODEL; paper 002, paper 000 §5.3).
+// lock_model.hpp — how threads share one device (FERRY_LOCK_MODEL; [Combining], [AMT-LCI] §5.3).
 //
 //   lockless  the device's own fine-grained synchronisation only (the default; no wrapper)
 //   trylock   one coarse try-lock around every call; a post that finds it taken returns

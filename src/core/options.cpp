@@ -225,14 +225,14 @@ const RuntimeOptionTable& runtime_option_table() {
                   "device thread safety: lockless, trylock, block, lockq, csync, offload"},
                  &O::lock_model, &S::lock_model),
           // One variable for the whole stack: the core reads it for its queues' algorithm (at
-          // every CompletionQueue creation too) and the parcel transport for `sync`, which the
+          // every CompletionQueue creation too) and the ferry parcelport for `sync`, which the
           // core's queues run as `cq`. The core owns the row because the parcel layer sits on
           // the core and reads the typed value from Runtime::options(); the reverse cannot be.
           option({"completion", "FERRY_COMPLETION", T::choice, "cq", {"cq", "cq_ms", "cq_lock", "sync"}, 0, 0, nullptr,
-                  "completion mechanism: cq (array queue), cq_ms (Michael-Scott), cq_lock, sync (the parcel "
-                  "transport's synchronizer pool; the core's queues use cq)"},
+                  "completion mechanism: cq (array queue), cq_ms (Michael-Scott), cq_lock, sync (the ferry "
+                  "parcelport's synchronizer pool; the core's queues use cq)"},
                  &O::completion, &S::completion),
-          // Owned by the core, which runs thread:N; the parcel transport carries out the others.
+          // Owned by the core, which runs thread:N; the ferry parcelport carries out the others.
           option({"progress", "FERRY_PROGRESS", T::choice, "explicit", {"explicit", "implicit", "thread:N", "steal"}, 1,
                   999, nullptr,
                   "who progresses: explicit, implicit, thread:N (N progress threads), steal"},

@@ -14,20 +14,21 @@
 //
 // The design space (FERRY_HEADER, FERRY_DEVICE_POLLING and FERRY_PARCEL_QUEUES from the parcel
 // layer's option_table(); FERRY_COMPLETION and FERRY_PROGRESS from the core's Runtime::options();
-// paper 000 §5, 001 §5.2, 004 §IV):
+// [AMT-LCI] §5, [MPI-AMT] §5.2, [Daps] §IV; docs/references.md):
 //  - FERRY_HEADER=sendrecv: headers are post_send on kHeaderTag; each device keeps K
-//    (TransportOptions::header_recvs, default 4) post_recv(any_source, kHeaderTag) posted,
+//    (ParcelportOptions::header_recvs, default 4) post_recv(any_source, kHeaderTag) posted,
 //    each into its own buffer, re-posted as soon as the header is copied out. K > 1 lets
-//    several threads process headers of one device at once (paper 000 blames the single
+//    several threads process headers of one device at once ([AMT-LCI] blames the single
 //    pre-posted MPI_Irecv for serializing them); 4 covers the workers per device we run with
 //    and costs 4 packets of receive buffer per device. The copy (one malloc of the header
 //    size) is the price of owning the buffer: the upcall may keep the nzc.
-//    With TransportOptions::iovec a parcel with follow-ups is still one active message (the
-//    header is its eager part); only parcels without follow-ups use the header send.
+//    With ParcelportOptions::iovec a parcel with follow-ups is still one active message (the
+//    header is its eager part, [LCI-PP]'s iovec put); only parcels without follow-ups use the
+//    header send.
 //  - FERRY_COMPLETION=sync: every operation the parcelport posts completes into a Synchronizer
 //    from a pool that background_work polls a window at a time (the HPX MPI parcelport's request
 //    pool) — follow-ups always, header receives too with header=sendrecv; with header=am the
-//    headers still arrive through the completion queue (paper 000 Fig 7 "sync").
+//    headers still arrive through the completion queue ([AMT-LCI] Fig 7 "sync").
 //  - FERRY_PROGRESS: explicit (background_work progresses the devices the polling policy
 //    picks), implicit (only when it found no completion to handle), thread:N (the core's
 //    progress threads do it; background_work never progresses), steal (Daps: own device, else
@@ -36,7 +37,7 @@
 //    random device per call), global (every device per call).
 //  - FERRY_PARCEL_QUEUES: shared (one completion queue; an idle worker handles a parcel whichever
 //    device brought it) or device (a queue per device, exposed as AM target kHeaderTarget + d;
-//    a thread drains only the queues of the devices it polls — paper 001's devices, and with
+//    a thread drains only the queues of the devices it polls — [MPI-AMT]'s devices, and with
 //    them its attentiveness problem).
 #include "parcel/ferry_parcelport.hpp"
 
@@ -72,7 +73,7 @@ using Progress = ProgressMode;  // the core's FERRY_PROGRESS
 using Polling = DevicePolling;  // FERRY_DEVICE_POLLING
 
 // What travels in front of every header: then zc_count sizes (u64), then the nzc if piggybacked.
-struct WireHeader {
+struct ParcelHeader {
   std::uint32_t tag;       // follow-up tag; 0 when there are none
   std::uint32_t nzc_size;
   std::uint16_t zc_count;
@@ -80,7 +81,7 @@ struct WireHeader {
   std::uint8_t device;     // the device the follow-ups use
   std::uint32_t reserved;
 };
-static_assert(sizeof(WireHeader) == 16);
+static_assert(sizeof(ParcelHeader) == 16);
 
 void release_malloc(void*, void* data) noexcept { std::free(data); }
 
@@ -194,9 +195,9 @@ struct RecvState : State {
   std::atomic<std::size_t> remaining;
 };
 
-class FerryTransport final : public Transport {
+class FerryParcelport final : public Parcelport {
  public:
-  FerryTransport(const TransportOptions& options, Upcalls& upcalls)
+  FerryParcelport(const ParcelportOptions& options, Upcalls& upcalls)
       : upcalls_(upcalls),
         settings_(option_table().resolve(options).settings),
         rt_(RuntimeOptions{.devices = options.devices}),
@@ -218,13 +219,13 @@ class FerryTransport final : public Transport {
     }
     max_header_ = rt_.device(0).eager_limit();
     if (options.max_header != 0 && options.max_header < max_header_) max_header_ = options.max_header;
-    if (max_header_ < sizeof(WireHeader) + 8) {
-      throw Error("TransportOptions::max_header=" + std::to_string(options.max_header) + " is too small");
+    if (max_header_ < sizeof(ParcelHeader) + 8) {
+      throw Error("ParcelportOptions::max_header=" + std::to_string(options.max_header) + " is too small");
     }
     for (auto& t : tags_) t.store(1, std::memory_order_relaxed);
     if (sendrecv_) {
       if (options.header_recvs < 0 || options.header_recvs > 1024) {
-        throw Error("TransportOptions::header_recvs=" + std::to_string(options.header_recvs) + " is out of range: 0 (default " +
+        throw Error("ParcelportOptions::header_recvs=" + std::to_string(options.header_recvs) + " is out of range: 0 (default " +
                     std::to_string(kDefaultHeaderRecvs) + ") to 1024");
       }
       const int k = options.header_recvs != 0 ? options.header_recvs : kDefaultHeaderRecvs;
@@ -240,12 +241,12 @@ class FerryTransport final : public Transport {
       }
       for (auto& hs : header_slots_) repost_header(hs.get());
     }
-    rt_.barrier();  // every locality listens before anyone sends
+    rt_.barrier();  // every rank listens before anyone sends
   }
 
-  ~FerryTransport() override { rt_.finalize(); }
+  ~FerryParcelport() override { rt_.finalize(); }
 
-  int locality() const noexcept override { return rt_.rank(); }
+  int rank() const noexcept override { return rt_.rank(); }
   int size() const noexcept override { return rt_.size(); }
   std::string name() const override { return iovec_ ? "ferry(iovec)" : "ferry"; }
   std::uint64_t parcels_sent() const noexcept override { return sent_.load(std::memory_order_relaxed); }
@@ -253,12 +254,12 @@ class FerryTransport final : public Transport {
 
   void send(int dest, Parcel&& parcel, SentCallback on_sent) override {
     if (dest < 0 || dest >= size()) {
-      throw Error("parcel send: destination=" + std::to_string(dest) + " is out of range; there are " +
-                  std::to_string(size()) + " localities");
+      throw Error("parcel send: destination=" + std::to_string(dest) + " is out of range; the job has " +
+                  std::to_string(size()) + " ranks (0.." + std::to_string(size() - 1) + ")");
     }
     const int dev_index = thread_index() % rt_.device_count();
     Device& dev = *devs_[static_cast<std::size_t>(dev_index)];
-    const std::size_t table = sizeof(WireHeader) + parcel.zc.size() * sizeof(std::uint64_t);
+    const std::size_t table = sizeof(ParcelHeader) + parcel.zc.size() * sizeof(std::uint64_t);
     if (table > max_header_ || parcel.zc.size() > 0xFFFF) {
       throw Error("parcel send: " + std::to_string(parcel.zc.size()) + " zero-copy chunks need a " +
                   std::to_string(table) + "-byte header; the limit is " + std::to_string(max_header_));
@@ -276,14 +277,14 @@ class FerryTransport final : public Transport {
     // The header is built in a per-thread buffer: no allocation after the first parcel.
     thread_local std::vector<std::byte> scratch;
     if (scratch.size() < max_header_) scratch.resize(max_header_);
-    WireHeader h{};
+    ParcelHeader h{};
     h.nzc_size = static_cast<std::uint32_t>(parcel.nzc.size);
     h.zc_count = static_cast<std::uint16_t>(parcel.zc.size());
     h.piggyback = piggyback ? 1 : 0;
     h.device = static_cast<std::uint8_t>(dev_index);
     if (follow_ups) h.tag = next_tag(dev_index);
     if (parcel.nzc.size > 0xFFFFFFFFu) throw Error("parcel send: nzc.size=" + std::to_string(parcel.nzc.size) + " exceeds 4 GiB");
-    std::byte* at = scratch.data() + sizeof(WireHeader);
+    std::byte* at = scratch.data() + sizeof(ParcelHeader);
     for (const Chunk& c : parcel.zc) {
       const std::uint64_t s = c.size;
       std::memcpy(at, &s, sizeof s);
@@ -384,7 +385,7 @@ class FerryTransport final : public Transport {
 
  private:
   // What each thread keeps for the polling policies: its random numbers, its local-polling
-  // miss count, its NUMA node, and which transport (by generation) it registered as an owner in.
+  // miss count, its NUMA node, and which parcelport (by generation) it registered as an owner in.
   struct PerThread {
     ferry::detail::XorShift rng{static_cast<std::uint32_t>(thread_index()) * 0x9E3779B1u + 0x7F4A7C15u};
     unsigned misses = 0;
@@ -409,7 +410,7 @@ class FerryTransport final : public Transport {
 
   // parcel_queues=device: what "polling device d" means: progress it (unless progress threads
   // do that) and handle what its own queue holds. Nobody else takes d's completions, so a
-  // parcel on a busy worker's device waits for a poller, as paper 001 §5.2 describes.
+  // parcel on a busy worker's device waits for a poller, as [MPI-AMT] §5.2 describes.
   bool service(int d, bool progress) {
     bool any = progress && progress_device(d);
     any |= drain_queue(cq_of(d));
@@ -435,7 +436,7 @@ class FerryTransport final : public Transport {
         // poller that left) would never progress. One idle call in 4096 also polls another
         // device, which keeps "local" live (a worker's idle loop makes that call within about
         // a millisecond) without making it "global": a parcel on a busy worker's device still
-        // waits for that worker's task to end, as paper 001 §5.2 describes, unless the task
+        // waits for that worker's task to end, as [MPI-AMT] §5.2 describes, unless the task
         // is long. (One in 256 answered within tens of microseconds and hid that cost.)
         if (!any && (++t.misses & 4095u) == 0) any = visit((own + 1 + t.rng.below(n - 1)) % n);
         return any;
@@ -567,7 +568,7 @@ class FerryTransport final : public Transport {
 
   void on_header_recv(HeaderSlot* hs, Completion&& c) {
     if (!c.ok()) {
-      FERRY_LOG_AT(error, locality(), -1, "parcelport: a header receive failed: %s", c.error_string().c_str());
+      FERRY_LOG_AT(error, rank(), -1, "parcelport: a header receive failed: %s", c.error_string().c_str());
       repost_header(hs);
       return;
     }
@@ -636,7 +637,7 @@ class FerryTransport final : public Transport {
       batch.swap(deferred_);
     }
     struct PutBack {
-      FerryTransport& t;
+      FerryParcelport& t;
       std::deque<std::function<bool()>>& batch;
       ~PutBack() {
         std::lock_guard<std::mutex> g(t.deferred_mutex_);
@@ -706,7 +707,7 @@ class FerryTransport final : public Transport {
       return;
     }
     if (!c.ok()) {
-      FERRY_LOG_AT(error, locality(), -1, "parcelport: a follow-up %s with locality %d failed: %s", to_string(c.op), c.rank,
+      FERRY_LOG_AT(error, rank(), -1, "parcelport: a follow-up %s with rank %d failed: %s", to_string(c.op), c.rank,
                    c.error_string().c_str());
     }
     finish_one(st, Status::make_done());
@@ -743,9 +744,9 @@ class FerryTransport final : public Transport {
   // iovec, `parts` holds the follow-ups that came with it.
   void on_header(int source, Buffer header, std::vector<Buffer> parts) {
     const auto* base = static_cast<const std::byte*>(header.data());
-    WireHeader h;
+    ParcelHeader h;
     if (header.size() < sizeof h) {
-      FERRY_LOG_AT(warn, locality(), -1, "parcelport: dropped a %zu-byte header from locality %d", header.size(), source);
+      FERRY_LOG_AT(warn, rank(), -1, "parcelport: dropped a %zu-byte header from rank %d", header.size(), source);
       return;
     }
     std::memcpy(&h, base, sizeof h);
@@ -869,7 +870,7 @@ class FerryTransport final : public Transport {
   std::vector<std::unique_ptr<CompletionQueue>> cqs_;
   std::vector<Exposure> exposures_;
   std::vector<std::atomic<std::uint32_t>> tags_;
-  // Which transport a thread registered as an owner in (PerThread::owner_of): never 0.
+  // Which parcelport a thread registered as an owner in (PerThread::owner_of): never 0.
   const std::uint64_t generation_ = next_generation();
   std::unique_ptr<StealPolicy> policy_;          // progress=steal
   std::unique_ptr<SyncPool> pool_;               // completion=sync
@@ -885,8 +886,8 @@ class FerryTransport final : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> make_ferry_transport(const TransportOptions& options, Upcalls& upcalls) {
-  return std::make_unique<FerryTransport>(options, upcalls);
+std::unique_ptr<Parcelport> make_ferry_parcelport(const ParcelportOptions& options, Upcalls& upcalls) {
+  return std::make_unique<FerryParcelport>(options, upcalls);
 }
 
 }  // namespace ferry::parcel::detail

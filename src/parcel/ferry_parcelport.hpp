@@ -1,4 +1,4 @@
-// ferry_parcelport.hpp — the parcel transport over ferry's core.
+// ferry_parcelport.hpp — the parcel layer over ferry's core.
 #pragma once
 
 #include <memory>
@@ -7,6 +7,6 @@
 
 namespace ferry::parcel::detail {
 
-std::unique_ptr<Transport> make_ferry_transport(const TransportOptions& options, Upcalls& upcalls);
+std::unique_ptr<Parcelport> make_ferry_parcelport(const ParcelportOptions& options, Upcalls& upcalls);
 
 }  // namespace ferry::parcel::detail

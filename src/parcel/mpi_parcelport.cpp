@@ -24,13 +24,11 @@
 //          statically with thread_index() % N. Follow-ups use the communicator the header used.
 //          MPICH gives each communicator its own VCI (its own lock and network resources) only
 //          when built with several (--with-ch4-max-vcis, per-VCI critical sections) and run with
-//          MPIR_CVAR_CH4_NUM_VCIS=N; the transport does not set it, since an MPICH built with one
+//          MPIR_CVAR_CH4_NUM_VCIS=N; the parcelport does not set it, since an MPICH built with one
 //          VCI aborts in MPI_Init when asked for more. Otherwise the communicators share one VCI.
 //
 // send() posts the header and queues the connection; unlike HPX it does not test it at once, so
 // on_sent always runs inside background_work() and never re-enters the caller of send().
-#include "parcel/mpi_parcelport.hpp"
-
 #include <mpi.h>
 
 #include <atomic>
@@ -39,6 +37,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <initializer_list>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -46,6 +46,8 @@
 #include <vector>
 
 #include "ferry/error.hpp"
+#include "ferry/parcel.hpp"
+#include "ferry/parcel_mpi.hpp"
 
 namespace ferry::parcel::detail {
 
@@ -57,7 +59,7 @@ constexpr std::uint32_t kSignature = 0x46525931u;  // catches a header layout mi
 constexpr std::uint32_t kFlagPiggyback = 1u;       // the nzc follows the size table
 constexpr std::uint32_t kFlagAggregate = 2u;       // the nzc is an mpi_a index + several nzcs
 
-struct WireHeader {
+struct MpiParcelHeader {
   std::uint32_t signature;
   std::int32_t tag;
   std::uint32_t flags;
@@ -65,7 +67,7 @@ struct WireHeader {
   std::uint64_t nzc_size;
   // then zc_count u64 sizes, then the nzc when kFlagPiggyback
 };
-static_assert(sizeof(WireHeader) == 24);
+static_assert(sizeof(MpiParcelHeader) == 24);
 
 std::string mpi_error_string(int rc) {
   char text[MPI_MAX_ERROR_STRING];
@@ -214,8 +216,8 @@ struct Device {
   std::deque<std::unique_ptr<ReceiverConnection>> receivers;
 };
 
-// MPI can be initialized once per process only, so the transport that initialized it cannot
-// finalize it when destroyed (a second transport in the same process, e.g. the next variant in a
+// MPI can be initialized once per process only, so the parcelport that initialized it cannot
+// finalize it when destroyed (a second parcelport in the same process, e.g. the next variant in a
 // test, would then be impossible). It finalizes at process exit instead.
 void finalize_at_exit() {
   int finalized = 0;
@@ -244,16 +246,16 @@ void ensure_mpi_initialized() {
   }
 }
 
-class MpiTransport final : public Transport {
+class MpiParcelport final : public Parcelport {
  public:
-  MpiTransport(const TransportOptions& options, Upcalls& upcalls) : upcalls_(upcalls), kind_(options.kind) {
+  MpiParcelport(const ParcelportOptions& options, Upcalls& upcalls) : upcalls_(upcalls), kind_(options.kind) {
     if (kind_ != "mpi" && kind_ != "mpi_a" && kind_ != "mpix") {
       throw Error("MPI parcelport: kind '" + kind_ + "' is not one of mpi, mpi_a, mpix");
     }
     max_header_ = options.max_header != 0 ? options.max_header : kDefaultMaxHeader;
-    if (max_header_ < sizeof(WireHeader) || max_header_ > static_cast<std::size_t>(INT_MAX)) {
+    if (max_header_ < sizeof(MpiParcelHeader) || max_header_ > static_cast<std::size_t>(INT_MAX)) {
       throw Error("MPI parcelport: max_header=" + std::to_string(options.max_header) + " must lie in [" +
-                  std::to_string(sizeof(WireHeader)) + ", " + std::to_string(INT_MAX) + "] bytes");
+                  std::to_string(sizeof(MpiParcelHeader)) + ", " + std::to_string(INT_MAX) + "] bytes");
     }
     int device_count = 1;
     if (kind_ == "mpix") {
@@ -286,7 +288,7 @@ class MpiTransport final : public Transport {
     }
   }
 
-  ~MpiTransport() override {
+  ~MpiParcelport() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;  // the application finalized MPI first; nothing can be released now
@@ -310,16 +312,16 @@ class MpiTransport final : public Transport {
     }
   }
 
-  int locality() const noexcept override { return rank_; }
+  int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return size_; }
   std::string name() const override { return kind_; }
 
   void send(int destination, Parcel&& parcel, SentCallback on_sent) override {
     if (destination < 0 || destination >= size_) {
-      throw Error("send: destination " + std::to_string(destination) + " is outside [0, " + std::to_string(size_) +
-                  "): the transport has " + std::to_string(size_) + " localities");
+      throw Error("MPI parcelport send: destination=" + std::to_string(destination) + " is out of range; the job has " +
+                  std::to_string(size_) + " ranks (0.." + std::to_string(size_ - 1) + ")");
     }
-    const std::size_t table = sizeof(WireHeader) + 8 * parcel.zc.size();
+    const std::size_t table = sizeof(MpiParcelHeader) + 8 * parcel.zc.size();
     if (table > max_header_) {
       throw Error("send: the header needs " + std::to_string(table) + " bytes for " +
                   std::to_string(parcel.zc.size()) + " zero-copy chunk sizes but max_header is " +
@@ -360,7 +362,7 @@ class MpiTransport final : public Transport {
     return work(*devices_[other]);
   }
 
-  // One thread per locality at a time: concurrent collectives on one communicator are erroneous.
+  // One thread per rank at a time: concurrent collectives on one communicator are erroneous.
   void barrier() override {
     MPI_Request request = MPI_REQUEST_NULL;
     check(MPI_Ibarrier(devices_[0]->comm, &request), "MPI_Ibarrier");
@@ -397,7 +399,7 @@ class MpiTransport final : public Transport {
 
   int next_tag() noexcept {
     // Tag 0 is the header's. Wrapping is safe as long as fewer than tag_ub parcels from one
-    // locality are in flight at once, which HPX assumes as well.
+    // rank are in flight at once, which HPX assumes as well.
     const std::uint64_t n = tag_counter_.fetch_add(1, std::memory_order_relaxed);
     return 1 + static_cast<int>(n % static_cast<std::uint64_t>(tag_ub_));
   }
@@ -419,11 +421,11 @@ class MpiTransport final : public Transport {
     c->on_sent = std::move(callbacks);
     c->owned_nzc = std::move(owned);
 
-    const std::size_t table = sizeof(WireHeader) + 8 * c->zc.size();
+    const std::size_t table = sizeof(MpiParcelHeader) + 8 * c->zc.size();
     const bool piggyback = table + nzc.size <= max_header_;
     c->nzc_followup = !piggyback;
     c->header.resize(piggyback ? table + nzc.size : table);
-    WireHeader h{kSignature, c->tag, flags | (piggyback ? kFlagPiggyback : 0u),
+    MpiParcelHeader h{kSignature, c->tag, flags | (piggyback ? kFlagPiggyback : 0u),
                  static_cast<std::uint32_t>(c->zc.size()), nzc.size};
     std::byte* out = c->header.data();
     std::memcpy(out, &h, sizeof h);
@@ -467,7 +469,7 @@ class MpiTransport final : public Transport {
   // Everything queued, except that the merged zc size table must still fit in the header; the
   // rest waits for the next round.
   std::vector<Pending> take_batch(Destination& d) {
-    const std::size_t capacity = (max_header_ - sizeof(WireHeader)) / 8;
+    const std::size_t capacity = (max_header_ - sizeof(MpiParcelHeader)) / 8;
     std::vector<Pending> batch;
     std::size_t zc_total = 0;
     std::lock_guard<std::mutex> lock(d.mutex);
@@ -592,7 +594,7 @@ class MpiTransport final : public Transport {
   }
 
   std::unique_ptr<ReceiverConnection> parse_header(Device& dev, int source, const std::byte* data, std::size_t len) {
-    WireHeader h;
+    MpiParcelHeader h;
     if (len < sizeof h) throw Error("MPI parcelport: header of " + std::to_string(len) + " bytes from " +
                                     std::to_string(source) + " is too short");
     std::memcpy(&h, data, sizeof h);
@@ -600,7 +602,7 @@ class MpiTransport final : public Transport {
     const bool piggyback = (h.flags & kFlagPiggyback) != 0;
     if (h.signature != kSignature || len < table || (piggyback && len != table + h.nzc_size)) {
       throw Error("MPI parcelport: malformed header of " + std::to_string(len) + " bytes from " +
-                  std::to_string(source) + " (is max_header the same on every locality?)");
+                  std::to_string(source) + " (is max_header the same on every rank?)");
     }
     auto c = std::make_unique<ReceiverConnection>();
     c->device = &dev;
@@ -730,7 +732,7 @@ class MpiTransport final : public Transport {
     }
   }
 
-  // Counted before the upcall, like the ferry transport, so both report the same numbers.
+  // Counted before the upcall, like the ferry parcelport, so both report the same numbers.
   void deliver(ReceiverConnection& c) {
     if (!c.aggregate) {
       Parcel p;
@@ -775,10 +777,20 @@ class MpiTransport final : public Transport {
   std::atomic<std::uint64_t> delivered_{0};
 };
 
-}  // namespace
-
-std::unique_ptr<Transport> make_mpi_transport(const TransportOptions& options, Upcalls& upcalls) {
-  return std::make_unique<MpiTransport>(options, upcalls);
+// options.kind selects the variant: "mpi", "mpi_a" (aggregation) or "mpix" (options.devices
+// communicators, 0 → 2). Collective over MPI_COMM_WORLD. Throws ferry::Error when MPI cannot give
+// MPI_THREAD_MULTIPLE or an option is invalid.
+std::unique_ptr<Parcelport> make_mpi_parcelport(const ParcelportOptions& options, Upcalls& upcalls) {
+  return std::make_unique<MpiParcelport>(options, upcalls);
 }
 
+}  // namespace
 }  // namespace ferry::parcel::detail
+
+namespace ferry::parcel {
+
+void register_mpi_parcelports() {
+  for (const char* kind : {"mpi", "mpi_a", "mpix"}) register_parcelport(kind, &detail::make_mpi_parcelport);
+}
+
+}  // namespace ferry::parcel

@@ -4,11 +4,11 @@
 namespace ferry::parcel {
 
 const ParcelOptionTable& option_table() {
-  using O = TransportOptions;
+  using O = ParcelportOptions;
   using S = Settings;
   using T = OptionType;
   static const ParcelOptionTable table(
-      "parcel", "TransportOptions",
+      "parcel", "ParcelportOptions",
       {
           option({"header", "FERRY_HEADER", T::choice, "am", {"am", "sendrecv"}, 0, 0, nullptr,
                   "parcel header primitive: am, sendrecv"},

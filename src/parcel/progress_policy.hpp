@@ -1,5 +1,5 @@
 // progress_policy.hpp — which device an idle thread progresses: Daps-style progress stealing
-// (FERRY_PROGRESS=steal, paper 004 §IV), and the NUMA hint it uses. (The per-thread random
+// (FERRY_PROGRESS=steal, [Daps] §IV), and the NUMA hint it uses. (The per-thread random
 // source of FERRY_DEVICE_POLLING=random and of the steals is common/random.hpp.) Header-only and
 // free of ferry's types, so the unit tests drive it with a fake progress function.
 #pragma once
@@ -21,7 +21,7 @@ namespace ferry::parcel::detail {
 
 // The NUMA node of the CPU the caller runs on now (-1 when the system does not say): the
 // node<k> entry in /sys/devices/system/cpu/cpu<N>/. Threads are not pinned by default, so this
-// is where the thread happened to be when asked — a locality hint, not a fact. Slow (reads a
+// is where the thread happened to be when asked — a placement hint, not a fact. Slow (reads a
 // directory): callers cache it per thread.
 inline int current_numa_node() noexcept {
   const int cpu = sched_getcpu();

@@ -1,6 +1,6 @@
-// The AMT runtime across localities, for one parcelport (FERRY_PARCELPORT or --parcelport):
+// The AMT runtime across ranks, for one parcelport (FERRY_PARCELPORT or --parcelport):
 // async / future, nested asyncs, every argument kind (zero-copy included), termination with
-// work in flight, and bad input. Exit 0 when every check passed on this locality.
+// work in flight, and bad input. Exit 0 when every check passed on this rank.
 #include <atomic>
 #include <cstdio>
 #include <numeric>
@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "ferry/amt.hpp"
+#ifdef FERRY_HAVE_PARCEL_MPI
+#include "ferry/parcel_mpi.hpp"
+#endif
 
 using ferry::amt::Blob;
 
@@ -18,7 +21,7 @@ int me = -1;
 #define CHECK(cond, ...)                                                       \
   do {                                                                         \
     if (!(cond)) {                                                             \
-      std::fprintf(stderr, "locality %d: FAILED %s:%d: %s: ", me, __FILE__, __LINE__, #cond); \
+      std::fprintf(stderr, "rank %d: FAILED %s:%d: %s: ", me, __FILE__, __LINE__, #cond); \
       std::fprintf(stderr, __VA_ARGS__);                                       \
       std::fprintf(stderr, "\n");                                              \
       ++failures;                                                              \
@@ -50,12 +53,15 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+#ifdef FERRY_HAVE_PARCEL_MPI
+  ferry::parcel::register_mpi_parcelports();
+#endif
   ferry::amt::Runtime rt(opt);
-  me = rt.locality();
+  me = rt.rank();
   const int n = rt.size();
 
   auto add = rt.action("add", [](int a, int b) { return a + b; });
-  auto where = rt.action("where", [&rt]() { return rt.locality(); });
+  auto where = rt.action("where", [&rt]() { return rt.rank(); });
   auto sum_vec = rt.action("sum_vec", [](std::vector<std::uint32_t> v) {
     return std::accumulate(v.begin(), v.end(), std::uint64_t{0});
   });
@@ -78,7 +84,7 @@ int main(int argc, char** argv) {
   spread = rt.action("spread", [&rt, &spread](int depth) {
     spread_runs.fetch_add(1);
     if (depth == 0) return;
-    const int l = rt.locality(), k = rt.size();
+    const int l = rt.rank(), k = rt.size();
     rt.async((l + depth) % k, spread, depth - 1);
     rt.async((l + depth + 1) % k, spread, depth - 1);
   });
@@ -113,13 +119,13 @@ int main(int argc, char** argv) {
   // Bad input: clear errors, nothing crashes.
   try {
     rt.async(n, add, 1, 2);
-    CHECK(false, "async to locality %d did not throw", n);
+    CHECK(false, "async to rank %d did not throw", n);
   } catch (const ferry::Error& e) {
-    CHECK(std::string(e.what()).find("locality=" + std::to_string(n)) != std::string::npos, "message: %s", e.what());
+    CHECK(std::string(e.what()).find("rank=" + std::to_string(n)) != std::string::npos, "message: %s", e.what());
   }
   if (me == 0 && n > 1) {
     ferry::amt::Action<void, int> only{ferry::amt::detail::hash_name("only_on_zero"), "only_on_zero"};
-    rt.async(1, only, 7);  // locality 1 never registers it: reported there at finalize
+    rt.async(1, only, 7);  // rank 1 never registers it: reported there at finalize
   }
 
   // Termination with work in flight: start cascades and finalize at once.
@@ -135,7 +141,7 @@ int main(int argc, char** argv) {
   CHECK(rt.errors() == expected_errors, "errors() = %llu, expected %llu", static_cast<unsigned long long>(rt.errors()),
         static_cast<unsigned long long>(expected_errors));
   if (failures == 0) {
-    std::printf("locality %d (%s, %d workers): all AMT checks passed; %ld cascade tasks\n", me, rt.parcelport().c_str(),
+    std::printf("rank %d (%s, %d workers): all AMT checks passed; %ld cascade tasks\n", me, rt.parcelport().c_str(),
                 rt.threads(), spread_runs.load());
   }
   return failures == 0 ? 0 : 1;

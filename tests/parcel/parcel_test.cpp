@@ -1,8 +1,10 @@
-// Random parcels through a parcel transport, from several worker threads per locality:
+// Random parcels through a parcelport, from several worker threads per rank:
 // every parcel is delivered exactly once and intact, and on_sent runs exactly once per parcel.
 //   ferryrun -n 2 ferry-parcel-test --parcelport ferry [--iovec]
 //   mpiexec.hydra -n 4 ferry-parcel-test --parcelport mpi_a
-// Exit 0 on success; every failure is printed with the locality.
+// The MPI baselines are registered unless --no-mpi-registration (which checks the error a
+// program gets when it asks for one without registering them).
+// Exit 0 on success; every failure is printed with the rank.
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +20,9 @@
 
 #include "ferry/error.hpp"
 #include "ferry/parcel.hpp"
+#ifdef FERRY_HAVE_PARCEL_MPI
+#include "ferry/parcel_mpi.hpp"
+#endif
 
 using namespace ferry::parcel;
 
@@ -85,13 +90,15 @@ class Checker final : public Upcalls {
 }  // namespace
 
 int main(int argc, char** argv) {
-  TransportOptions opt;
+  ParcelportOptions opt;
   opt.kind = std::getenv("FERRY_PARCELPORT") ? std::getenv("FERRY_PARCELPORT") : "ferry";
   int threads = 4, per_thread = 2000;
+  bool register_mpi = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--parcelport" && i + 1 < argc) opt.kind = argv[++i];
     else if (a == "--iovec") opt.iovec = true;
+    else if (a == "--no-mpi-registration") register_mpi = false;
     else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (a == "--parcels" && i + 1 < argc) per_thread = std::atoi(argv[++i]);
     else if (a == "--devices" && i + 1 < argc) opt.devices = std::atoi(argv[++i]);
@@ -100,19 +107,24 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+#ifdef FERRY_HAVE_PARCEL_MPI
+  if (register_mpi) register_mpi_parcelports();
+#else
+  (void)register_mpi;
+#endif
   Checker checker;
-  std::unique_ptr<Transport> t;
+  std::unique_ptr<Parcelport> t;
   try {
-    t = make_transport(opt, checker);
+    t = make_parcelport(opt, checker);
   } catch (const ferry::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
   }
-  const int me = t->locality(), n = t->size();
+  const int me = t->rank(), n = t->size();
   int failures = 0;
   auto check = [&](bool ok, const std::string& what) {
     if (!ok) {
-      std::fprintf(stderr, "locality %d (%s): FAILED: %s\n", me, t->name().c_str(), what.c_str());
+      std::fprintf(stderr, "rank %d (%s): FAILED: %s\n", me, t->name().c_str(), what.c_str());
       ++failures;
     }
   };
@@ -132,7 +144,7 @@ int main(int argc, char** argv) {
     };
     const std::string bad_dest = error_of(n, 0);
     check(bad_dest.find(std::to_string(n)) != std::string::npos && bad_dest.find("destination") != std::string::npos,
-          "send to locality " + std::to_string(n) + ": " + bad_dest);
+          "send to rank " + std::to_string(n) + ": " + bad_dest);
     const std::string too_big = error_of(0, 5000);
     check(too_big.find("5000") != std::string::npos && too_big.find("header") != std::string::npos,
           "5000 zero-copy chunks: " + too_big);
@@ -172,7 +184,7 @@ int main(int argc, char** argv) {
       sent_to[static_cast<std::size_t>(dest)].fetch_add(1);
       t->background_work();
     }
-    // The last worker to finish tells every locality how many parcels it will get from here.
+    // The last worker to finish tells every rank how many parcels it will get from here.
     if (counts_sent_by.fetch_add(1) + 1 == threads) {
       static std::vector<Stamp> stamps;
       stamps.resize(static_cast<std::size_t>(n));
@@ -197,7 +209,7 @@ int main(int argc, char** argv) {
              count_on_sent.load() == n && mine_sent())) {
       t->background_work();
       if (std::chrono::steady_clock::now() > deadline) {
-        std::fprintf(stderr, "locality %d: timeout: %ld of %ld parcels, %ld of %d counts\n", me,
+        std::fprintf(stderr, "rank %d: timeout: %ld of %ld parcels, %ld of %d counts\n", me,
                      checker.data_received.load(), checker.expected.load(), checker.counts_received.load(), n);
         std::_Exit(3);
       }
@@ -224,7 +236,7 @@ int main(int argc, char** argv) {
   check(bad_on_sent == 0, std::to_string(bad_on_sent) + " parcels whose on_sent did not run exactly once");
   check(t->parcels_sent() == static_cast<std::uint64_t>(threads * per_thread + n), "parcels_sent() is wrong");
   if (failures == 0) {
-    std::printf("locality %d (%s): %d threads, %d parcels sent, %ld received, all intact, on_sent once each\n", me,
+    std::printf("rank %d (%s): %d threads, %d parcels sent, %ld received, all intact, on_sent once each\n", me,
                 t->name().c_str(), threads, threads * per_thread, checker.data_received.load());
   }
   t.reset();

@@ -1,5 +1,5 @@
 // ferry-info: ferry's version, the libfabric providers it can use here, and every layer's
-// options (core, parcel transport, AMT runtime) with the value in force and where it came
+// options (core, parcel layer, AMT runtime) with the value in force and where it came
 // from (environment or default). Exits 1 when a value in the environment is invalid.
 #include <CLI/CLI.hpp>
 #include <cstdio>
