@@ -128,7 +128,7 @@ const char* queue_kind_name(QueueKind kind) noexcept {
   return "?";
 }
 
-// cq (and sync, the parcel transport's mechanism) map to kCqQueueKind (above). Resolved like
+// cq (and sync, the ferry parcelport's mechanism) map to kCqQueueKind (above). Resolved like
 // FERRY_CQ_CAPACITY, at every queue creation, so a test or benchmark can change it between queues.
 QueueKind default_queue_kind() {
   RuntimeSettings s;
