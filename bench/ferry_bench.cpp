@@ -268,7 +268,7 @@ struct Job {
                 {"devices", devices},
                 {"provider", rt.provider()},
                 {"ranks", rt.size()},
-                {"lock_model", rt.config_value("lock_model")},
+                {"lock_model", rt.options().value("lock_model")},
                 {"eager_limit", rt.device(0).eager_limit()},
                 {"yield", yield},
                 {"ferry_version", ferry::version()}};
@@ -401,7 +401,7 @@ int run_pingpong(const bench::PingpongArgs& a, int threads, int devices, const s
       std::printf(
           "pingpong  size %lld B  threads %d  devices %d  lock %s  provider %s  ranks %d: half round trip %.3f us "
           "(median of %lld x %lld iters; mean %.3f, min %.3f, max %.3f)\n",
-          static_cast<long long>(a.size), threads, job.devices, rt.config_value("lock_model").c_str(),
+          static_cast<long long>(a.size), threads, job.devices, rt.options().value("lock_model").c_str(),
           rt.provider().c_str(), rt.size(), med,
           static_cast<long long>(reps), static_cast<long long>(a.iters / reps), avg, lo, hi);
       std::fflush(stdout);
@@ -489,7 +489,7 @@ int run_msgrate(const bench::MsgrateArgs& a, int threads, int devices, const std
       std::printf(
           "msgrate   size %lld B  threads %d  devices %d  lock %s  provider %s  ranks %d: %.0f msgs/s (%.2f MB/s; "
           "%lld messages in windows of %lld, %.3f s)\n",
-          static_cast<long long>(a.size), threads, job.devices, rt.config_value("lock_model").c_str(),
+          static_cast<long long>(a.size), threads, job.devices, rt.options().value("lock_model").c_str(),
           rt.provider().c_str(), rt.size(), rate,
           rate * static_cast<double>(size) / 1e6, static_cast<long long>(a.count * threads),
           static_cast<long long>(window), secs);
@@ -774,7 +774,7 @@ int run_contention(const bench::ContentionArgs& a, int threads, const std::strin
     const auto last = *std::max_element(ends.begin(), ends.end());
     const double secs = std::chrono::duration<double>(last - first).count();
     const double rate = static_cast<double>(total) / secs;
-    const std::string model = rt.config_value("lock_model");
+    const std::string model = rt.options().value("lock_model");
     if (a.json) {
       json j = job.base("contention", a.size);
       j["pattern"] = a.pattern;

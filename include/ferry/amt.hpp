@@ -81,6 +81,18 @@ struct Options {
   bool inline_calls = false;
 };
 
+// The AMT runtime's options, resolved and typed (option_table(): Options::parcelport and
+// Options::threads, else FERRY_PARCELPORT and FERRY_AMT_THREADS, else the defaults).
+struct Settings {
+  std::string parcelport;  // ferry, mpi, mpi_a, mpix
+  int threads = 0;
+};
+
+using AmtOptionTable = OptionTable<Options, Settings>;
+
+// The AMT runtime's table, in declaration order.
+const AmtOptionTable& option_table();
+
 class Runtime;
 
 namespace detail {

@@ -1,72 +1,266 @@
-// ferry/options.hpp — every runtime setting, declared once.
+// ferry/options.hpp — typed option tables, one per layer, and their one resolver.
 //
-// Each option has a name, an environment variable, a default and a help text; ferry-info
-// prints the table with the values in force. A field left unset in RuntimeOptions takes the
-// environment variable's value, else the default. A malformed value throws ferry::Error naming
-// the variable and the value.
+// Every setting is one row of its layer's table: name (the field in the layer's options
+// struct), environment variable, type, default, valid names or range, help, and where the
+// resolved value is stored in the layer's typed settings struct. The resolver takes the
+// program's explicit value, else the environment's (an empty variable counts as unset), else
+// the default; parses and validates it (a bad value throws ferry::Error naming the option and
+// the value and listing what is valid); stores the typed value; and records the source.
+// ferry-info prints every layer's table with the values in force.
+//
+// Layers: the core runtime (RuntimeOptions -> RuntimeSettings, runtime_option_table() here),
+// the parcel layer (ferry/parcel.hpp) and the AMT runtime (ferry/amt.hpp). Adding an
+// option is one row in its layer's table plus the field it fills and its use.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
+
+#include "ferry/error.hpp"
 
 namespace ferry {
 
-// The one option table: X(field, ENV, default, help)
-#define FERRY_OPTIONS(X)                                                                   \
-  X(bootstrap, "FERRY_BOOTSTRAP", "auto",                                                  \
-    "how ranks find each other: auto, single, pmi1 (ferryrun, mpiexec, srun --mpi=pmi2), " \
-    "pmix (mpirun, srun --mpi=pmix)")                                                      \
-  X(provider, "FERRY_PROVIDER", "auto",                                                    \
-    "libfabric provider (shm, tcp, verbs, cxi, efa, sockets...); auto: shm when all ranks "  \
-    "share a host, else libfabric's best")                                                 \
-  X(devices, "FERRY_DEVICES", "1", "devices (endpoint + CQ + buffers) per process")       \
-  X(packet_size, "FERRY_PACKET_SIZE", "8192",                                              \
-    "bytes per packet; messages up to this size minus a 16-byte header go eagerly")        \
-  X(packets, "FERRY_PACKETS", "4096", "packets per device (send and receive buffers)")    \
-  X(prepost, "FERRY_PREPOST", "256",                                                      \
-    "receives each device keeps posted (refilled on idle polls, at once below half)")     \
-  X(recv_descriptors, "FERRY_RECV_DESCRIPTORS", "16384",                                   \
-    "post_recv calls per device that may wait for their message at once")                  \
-  X(send_credits, "FERRY_SEND_CREDITS", "0",                                               \
-    "outstanding sends per device; 0: the provider's transmit queue size")                 \
-  X(cq_capacity, "FERRY_CQ_CAPACITY", "65536", "default completion queue capacity")       \
-  X(max_targets, "FERRY_MAX_TARGETS", "4096", "remote target ids per runtime (0..N-1)")   \
-  X(rdv_threshold, "FERRY_RDV_THRESHOLD", "0",                                             \
-    "messages above this many bytes use rendezvous; 0: as large as a packet allows")     \
-  X(fragment, "FERRY_FRAGMENT", "auto",                                                    \
-    "eager messages above the provider's inject size go as inject-size fragments: auto "  \
-    "(when the provider injects >= 1 KiB, as shm does), off (one provider send)")          \
-  X(fragment_max, "FERRY_FRAGMENT_MAX", "16384",                                           \
-    "when fragmenting, messages up to this many bytes go as fragments, even past a packet " \
-    "(reassembled on the heap); larger ones use rendezvous")                               \
-  X(lock_model, "FERRY_LOCK_MODEL", "lockless",                                            \
-    "device thread safety: lockless, trylock, block, lockq, csync, offload")               \
-  X(completion, "FERRY_COMPLETION", "cq",                                                  \
-    "completion mechanism: cq (array queue), cq_ms (Michael-Scott), cq_lock, sync")        \
-  X(header, "FERRY_HEADER", "am", "parcel header primitive: am, sendrecv")                \
-  X(progress, "FERRY_PROGRESS", "explicit",                                                \
-    "who progresses: explicit, implicit, thread:N (N progress threads), steal")            \
-  X(device_polling, "FERRY_DEVICE_POLLING", "local",                                       \
-    "which devices an idle thread polls: local, random, global")                           \
-  X(parcel_queues, "FERRY_PARCEL_QUEUES", "shared",                                        \
-    "the ferry parcelport's completion queues: shared (one for every device), device (one " \
-    "per device, drained only by the threads that poll it)")                               \
-  X(parcelport, "FERRY_PARCELPORT", "ferry",                                               \
-    "ferry::amt's parcelport: ferry, mpi, mpi_a, mpix")                                    \
-  X(amt_threads, "FERRY_AMT_THREADS", "1", "ferry::amt worker threads per rank")
-
-struct OptionInfo {
-  const char* name;
-  const char* env;
-  const char* default_value;
-  const char* help;
+enum class OptionType : std::uint8_t {
+  choice,   // one of OptionInfo::names; a name "word:N" accepts "word:<N>", N in [min, max]
+  size,     // bytes: a whole number with an optional k, M or G suffix (KiB, MB... too), in [min, max]
+  count,    // a whole number without suffix, in [min, max]
+  boolean,  // 1, 0, on, off, yes, no, true, false
+  text,     // any text
 };
 
-// The option table, in declaration order.
-const std::vector<OptionInfo>& option_table();
+enum class OptionSource : std::uint8_t { default_value, environment, program };
 
-// Explicit settings; an empty string or 0 means "not set here".
+const char* to_string(OptionType type) noexcept;      // "choice", "size", ...
+const char* to_string(OptionSource source) noexcept;  // "default", "environment", "program"
+
+// The description of one option: what the resolver checks and ferry-info prints.
+struct OptionInfo {
+  const char* name;           // the field of the layer's options struct (and its settings struct)
+  const char* env;            // FERRY_ + the name in capitals
+  OptionType type;
+  const char* default_value;  // text, parsed like the environment's
+  std::vector<const char*> names{};  // choice: the valid names, in the order of the enum they fill
+  std::uint64_t min = 0;             // size, count, and the N of a "word:N" choice
+  std::uint64_t max = UINT64_MAX;
+  // An earlier option of the same table whose value is a further upper bound (prepost <= packets).
+  const char* max_option = nullptr;
+  const char* help = "";
+};
+
+// A parsed and validated value.
+struct OptionValue {
+  std::string text;          // canonical text ("thread:2", "8192"): what ferry-info prints
+  std::uint64_t number = 0;  // size, count; boolean: 0 or 1; choice: the N of "word:N", else 0
+  std::size_t index = 0;     // choice: the position of the name in OptionInfo::names
+};
+
+// One option's value in force and where it came from.
+struct ResolvedOption {
+  const OptionInfo* info;
+  std::string value;
+  OptionSource source;
+};
+
+// A choice that may carry a count ("thread:2"): the named value, and N (0 for plain names).
+template <class E>
+struct CountedChoice {
+  E value{};
+  std::uint64_t count = 0;
+  friend bool operator==(const CountedChoice& a, const CountedChoice& b) noexcept {
+    return a.value == b.value && a.count == b.count;
+  }
+};
+
+namespace detail {
+
+// The resolver (libferry). `program` is the program's explicit value as text (empty: not set),
+// `program_name` how to name it in errors ("RuntimeOptions::devices"); `bound` a further upper
+// bound from OptionInfo::max_option. Throws ferry::Error.
+std::pair<OptionValue, OptionSource> resolve_option(const OptionInfo& info, const std::string& program,
+                                                    const std::string& program_name, std::uint64_t bound);
+
+[[noreturn]] void unknown_option(std::string_view table, std::string_view name);
+
+template <class T>
+struct is_counted_choice : std::false_type {};
+template <class E>
+struct is_counted_choice<CountedChoice<E>> : std::true_type {};
+
+}  // namespace detail
+
+// One row: the description, how to read the program's explicit value, where to store the
+// resolved one.
+template <class Options, class Settings>
+struct Option {
+  OptionInfo info;
+  std::function<std::string(const Options&)> program;  // the explicit value as text; "" when unset
+  std::function<void(Settings&, const OptionValue&)> store;
+};
+
+namespace detail {
+
+// Writes a resolved value into the field `stored`: std::string (the text), bool, an integer
+// (the number), an enum (the choice's index, so the enum's values follow OptionInfo::names),
+// or CountedChoice<enum>.
+template <class Settings, class S>
+std::function<void(Settings&, const OptionValue&)> store_to(S Settings::*stored) {
+  return [stored](Settings& s, const OptionValue& v) {
+    S& out = s.*stored;
+    if constexpr (std::is_same_v<S, std::string>) {
+      out = v.text;
+    } else if constexpr (std::is_same_v<S, bool>) {
+      out = v.number != 0;
+    } else if constexpr (std::is_enum_v<S>) {
+      out = static_cast<S>(v.index);
+    } else if constexpr (is_counted_choice<S>::value) {
+      out.value = static_cast<decltype(out.value)>(v.index);
+      out.count = v.number;
+    } else {
+      static_assert(std::is_integral_v<S>, "a setting is text, bool, an integer, an enum or a CountedChoice");
+      out = static_cast<S>(v.number);
+    }
+  };
+}
+
+// Reads the field `program` as text; its zero value (0, false, empty) means "not set".
+template <class Options, class P>
+std::function<std::string(const Options&)> text_of(P Options::*program) {
+  return [program](const Options& o) -> std::string {
+    const P& v = o.*program;
+    if constexpr (std::is_same_v<P, std::string>) {
+      return v;
+    } else if constexpr (std::is_same_v<P, bool>) {
+      return v ? "1" : "";
+    } else {
+      static_assert(std::is_integral_v<P>, "an explicit value is text, bool or an integer");
+      return v == 0 ? std::string() : std::to_string(v);
+    }
+  };
+}
+
+}  // namespace detail
+
+// A row whose explicit value is the field `program` of Options and whose typed value goes to
+// the field `stored` of Settings.
+template <class Options, class Settings, class P, class S>
+Option<Options, Settings> option(OptionInfo info, P Options::*program, S Settings::*stored) {
+  return Option<Options, Settings>{std::move(info), detail::text_of(program), detail::store_to(stored)};
+}
+
+// A row the program cannot set (environment, else default): option<Options>(info, &Settings::x).
+template <class Options, class Settings, class S>
+Option<Options, Settings> option(OptionInfo info, S Settings::*stored) {
+  return Option<Options, Settings>{std::move(info), nullptr, detail::store_to(stored)};
+}
+
+// Settings resolved from a table, with each option's value and source (in table order).
+template <class Settings>
+struct Resolved {
+  Settings settings{};
+  std::vector<ResolvedOption> options;
+
+  // The value in force of the option `name`, as text. Throws ferry::Error for an unknown name.
+  const std::string& value(std::string_view name) const {
+    for (const ResolvedOption& o : options) {
+      if (name == o.info->name) return o.value;
+    }
+    detail::unknown_option("resolved options", name);
+  }
+};
+
+// One layer's table.
+template <class Options, class Settings>
+class OptionTable {
+ public:
+  using Row = Option<Options, Settings>;
+
+  // `options_name` names the layer's options struct in errors about explicit values.
+  OptionTable(const char* layer, const char* options_name, std::vector<Row> rows)
+      : layer_(layer), options_name_(options_name), rows_(std::move(rows)) {}
+
+  const char* layer() const noexcept { return layer_; }
+  const std::vector<Row>& rows() const noexcept { return rows_; }
+
+  // Every option: explicit value in `program`, else environment, else default.
+  Resolved<Settings> resolve(const Options& program = Options{}) const {
+    Resolved<Settings> out;
+    std::vector<std::uint64_t> numbers;
+    numbers.reserve(rows_.size());
+    for (const Row& row : rows_) {
+      const std::uint64_t bound = bound_of(row, numbers);
+      auto [v, source] = detail::resolve_option(row.info, row.program ? row.program(program) : std::string(),
+                                                std::string(options_name_) + "::" + row.info.name, bound);
+      row.store(out.settings, v);
+      numbers.push_back(v.number);
+      out.options.push_back(ResolvedOption{&row.info, std::move(v.text), source});
+    }
+    return out;
+  }
+
+  // Every option's value in force from the environment or its default, for listing
+  // (ferry-info): an invalid value goes to `errors` (its ResolvedOption reads "(invalid)")
+  // instead of being thrown.
+  std::vector<ResolvedOption> inspect(std::vector<std::string>& errors) const {
+    std::vector<ResolvedOption> out;
+    std::vector<std::uint64_t> numbers;
+    for (const Row& row : rows_) {
+      const std::uint64_t bound = bound_of(row, numbers);
+      try {
+        auto [v, source] = detail::resolve_option(row.info, {}, {}, bound);
+        numbers.push_back(v.number);
+        out.push_back(ResolvedOption{&row.info, std::move(v.text), source});
+      } catch (const Error& e) {
+        errors.emplace_back(e.what());
+        numbers.push_back(UINT64_MAX);
+        out.push_back(ResolvedOption{&row.info, "(invalid)", OptionSource::environment});
+      }
+    }
+    return out;
+  }
+
+  // One option alone, from the environment or its default (and the option bounding it), into
+  // `settings`: for values read again at each object's creation.
+  void resolve_one(std::string_view name, Settings& settings) const {
+    const Row& row = rows_[index_of(name)];
+    std::uint64_t bound = UINT64_MAX;
+    if (row.info.max_option != nullptr) {
+      bound = detail::resolve_option(rows_[index_of(row.info.max_option)].info, {}, {}, UINT64_MAX).first.number;
+    }
+    row.store(settings, detail::resolve_option(row.info, {}, {}, bound).first);
+  }
+
+ private:
+  // The value of the row's max_option, which must come earlier in the table (`numbers` holds
+  // the earlier rows' values).
+  std::uint64_t bound_of(const Row& row, const std::vector<std::uint64_t>& numbers) const {
+    if (row.info.max_option == nullptr) return UINT64_MAX;
+    const std::size_t i = index_of(row.info.max_option);
+    if (i >= numbers.size()) detail::unknown_option(layer_, std::string(row.info.name) + ".max_option (a later row)");
+    return numbers[i];
+  }
+
+  std::size_t index_of(std::string_view name) const {
+    for (std::size_t i = 0; i < rows_.size(); ++i) {
+      if (name == rows_[i].info.name) return i;
+    }
+    detail::unknown_option(layer_, name);
+  }
+
+  const char* layer_;
+  const char* options_name_;
+  std::vector<Row> rows_;
+};
+
+// ---- the core runtime's options -------------------------------------------------------------
+
+// Explicit settings; an empty string or 0 means "not set here". Choices are spelled as in
+// the environment ("csync", "thread:2").
 struct RuntimeOptions {
   std::string bootstrap{};
   std::string provider{};
@@ -81,20 +275,44 @@ struct RuntimeOptions {
   std::size_t rdv_threshold = 0;
   std::string fragment{};  // auto, off
   std::size_t fragment_max = 0;
-  // The design space (validated by resolve_config; each lists its valid values on error).
   std::string lock_model{};
   std::string completion{};
-  std::string header{};
   std::string progress{};
-  std::string device_polling{};
-  std::string parcel_queues{};
-  // Read by ferry::amt (amt::Options), listed here so the one table shows every setting.
-  std::string parcelport{};
-  int amt_threads = 0;
 };
 
-// The value in force for each option: explicit setting, else environment, else default,
-// formatted as text (what ferry-info prints).
-std::vector<std::pair<OptionInfo, std::string>> resolved_options(const RuntimeOptions& explicit_options = {});
+enum class LockModel : std::uint8_t { lockless, trylock, block, lockq, csync, offload };
+enum class FragmentMode : std::uint8_t { automatic, off };
+// sync is the ferry parcelport's mechanism; the core's queues use the array ring for it.
+enum class CompletionMechanism : std::uint8_t { cq, cq_ms, cq_lock, sync };
+// thread:N is carried out by the core (N progress threads), the others by the layer above.
+enum class ProgressMode : std::uint8_t { explicit_calls, implicit, thread, steal };
+
+// The core's options, resolved and typed.
+struct RuntimeSettings {
+  std::string bootstrap;  // auto, single, pmi1, pmix
+  std::string provider;
+  int devices = 0;
+  std::size_t packet_size = 0;
+  std::size_t packets = 0;
+  std::size_t prepost = 0;
+  std::size_t recv_descriptors = 0;
+  std::size_t send_credits = 0;
+  std::size_t cq_capacity = 0;
+  std::size_t max_targets = 0;
+  std::size_t rdv_threshold = 0;
+  FragmentMode fragment = FragmentMode::automatic;
+  std::size_t fragment_max = 0;
+  LockModel lock_model = LockModel::lockless;
+  CompletionMechanism completion = CompletionMechanism::cq;
+  CountedChoice<ProgressMode> progress{};  // count: N of thread:N, else 0
+};
+
+using RuntimeOptionTable = OptionTable<RuntimeOptions, RuntimeSettings>;
+
+// The core's table, in declaration order.
+const RuntimeOptionTable& runtime_option_table();
+
+// The core's settings in force: explicit setting, else environment, else default.
+Resolved<RuntimeSettings> resolve_options(const RuntimeOptions& explicit_options = {});
 
 }  // namespace ferry

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "ferry/completion.hpp"
+#include "ferry/options.hpp"
 
 namespace ferry::parcel {
 
@@ -74,7 +75,29 @@ struct ParcelportOptions {
   int header_recvs = 0;           // ferry with FERRY_HEADER=sendrecv: pre-posted header receives per device (0: 4)
   bool iovec = false;             // ferry: follow-ups as one iovec active message
   std::size_t max_header = 0;     // bytes of header incl. piggybacked nzc (0: the parcelport's eager limit)
+  // The ferry parcelport's design space (parcel::option_table(); empty: environment, else default).
+  std::string header{};          // am, sendrecv
+  std::string device_polling{};  // local, random, global
+  std::string parcel_queues{};   // shared, device
 };
+
+enum class HeaderPrimitive : std::uint8_t { am, sendrecv };
+enum class DevicePolling : std::uint8_t { local, random, global };
+enum class ParcelQueues : std::uint8_t { shared, device };
+
+// The parcel layer's options, resolved and typed. FERRY_PROGRESS and FERRY_COMPLETION are the
+// core's (Runtime::options()): the parcelport carries out their explicit, implicit, steal and
+// sync values on the core's resolved settings.
+struct Settings {
+  HeaderPrimitive header = HeaderPrimitive::am;
+  DevicePolling device_polling = DevicePolling::local;
+  ParcelQueues parcel_queues = ParcelQueues::shared;
+};
+
+using ParcelOptionTable = OptionTable<ParcelportOptions, Settings>;
+
+// The parcel layer's table, in declaration order.
+const ParcelOptionTable& option_table();
 
 class Parcelport {
  public:

@@ -199,10 +199,9 @@ class Runtime {
   Device& device(int index = 0);
   std::string provider() const;
   std::string bootstrap() const;
-  // The value in force of one option of the table in options.hpp, by its field name
-  // ("header", "progress", "devices"...), as text: "sendrecv", "thread:2", "2". Layers above
-  // (the parcel layer) read the design-space settings this way. Throws for an unknown name.
-  std::string config_value(const std::string& name) const;
+  // The core's options in force (runtime_option_table() in options.hpp), typed
+  // (`options().settings.lock_model`) and as text with their source (`options().value("progress")`).
+  const Resolved<RuntimeSettings>& options() const noexcept;
 
   // Makes `object` reachable from every rank as RemoteTarget{id}. Messages that arrive for an
   // id before it is exposed wait for it. Throws if id is taken or >= FERRY_MAX_TARGETS.
@@ -227,5 +226,27 @@ inline bool progress(Device& device) { return device.progress(); }
 
 // ferry's version, e.g. "0.1.0".
 const char* version() noexcept;
+
+// ---- libfabric providers, for tools ---------------------------------------------------------
+
+// What one provider offers when opened here.
+struct ProviderLimits {
+  std::size_t inject_size = 0;
+  std::size_t max_msg_size = 0;
+  std::size_t cq_data_size = 0;
+  std::size_t tx_size = 0;
+  bool mr_local = false;
+  bool mr_virt_addr = false;
+  bool mr_prov_key = false;
+  bool mr_endpoint = false;
+  bool rx_cq_data = false;
+};
+
+// The libfabric providers ferry can use here (FI_EP_RDM with messages and RMA).
+std::vector<std::string> available_providers();
+// Opens `provider` and reports its limits. Throws ferry::Error when it cannot be opened.
+ProviderLimits probe_provider(const std::string& provider);
+// libfabric's version, e.g. "2.1".
+std::string fabric_version();
 
 }  // namespace ferry

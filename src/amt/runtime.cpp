@@ -46,28 +46,31 @@ struct Report {
   std::uint8_t finalizing;
 };
 
-int env_int(const char* name, int def) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return def;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < 1 || x > 4096) {
-    throw Error(std::string(name) + "='" + v + "' is not a thread count: expected 1 to 4096");
-  }
-  return static_cast<int>(x);
-}
-
 }  // namespace
+
+const AmtOptionTable& option_table() {
+  using T = OptionType;
+  static const AmtOptionTable table(
+      "amt", "amt::Options",
+      {
+          // Text, not a choice: a program may register parcelports of its own, and make_parcelport
+          // names the registered ones (and how to register the MPI baselines) for a wrong name.
+          option({"parcelport", "FERRY_PARCELPORT", T::text, "ferry", {}, 0, 0, nullptr,
+                  "ferry::amt's parcelport: ferry, mpi, mpi_a, mpix (any registered name)"},
+                 &Options::parcelport, &Settings::parcelport),
+          option({"threads", "FERRY_AMT_THREADS", T::count, "1", {}, 1, 4096, nullptr,
+                  "ferry::amt worker threads per rank"},
+                 &Options::threads, &Settings::threads),
+      });
+  return table;
+}
 
 class Runtime::Impl final : public parcel::Upcalls {
  public:
   Impl(Runtime& self, Options options) : self_(self), options_(std::move(options)), tasks_(1u << 16) {
-    if (options_.parcelport.empty()) {
-      const char* e = std::getenv("FERRY_PARCELPORT");
-      options_.parcelport = (e != nullptr && *e != '\0') ? e : "ferry";
-    }
-    if (options_.threads < 0) throw Error("amt::Options::threads=" + std::to_string(options_.threads) + " must be positive");
-    if (options_.threads == 0) options_.threads = env_int("FERRY_AMT_THREADS", 1);
+    const Settings resolved = option_table().resolve(options_).settings;
+    options_.parcelport = resolved.parcelport;
+    options_.threads = resolved.threads;
     parcel::ParcelportOptions t;
     t.kind = options_.parcelport;
     t.devices = options_.devices;

@@ -1,6 +1,5 @@
 #include <rdma/fi_errno.h>
 
-#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -129,15 +128,18 @@ const char* queue_kind_name(QueueKind kind) noexcept {
   return "?";
 }
 
-// cq maps to kCqQueueKind (above). Read like FERRY_CQ_CAPACITY, at every queue creation, so a
-// test or benchmark can change it between queues.
+// cq (and sync, the ferry parcelport's mechanism) map to kCqQueueKind (above). Resolved like
+// FERRY_CQ_CAPACITY, at every queue creation, so a test or benchmark can change it between queues.
 QueueKind default_queue_kind() {
-  const char* e = std::getenv("FERRY_COMPLETION");
-  const std::string v = (e != nullptr && *e != '\0') ? e : "cq";
-  if (v == "cq" || v == "sync") return kCqQueueKind;
-  if (v == "cq_ms") return QueueKind::ms;
-  if (v == "cq_lock") return QueueKind::lock;
-  throw Error("FERRY_COMPLETION='" + v + "' is not valid; valid values: cq, cq_ms, cq_lock, sync");
+  RuntimeSettings s;
+  runtime_option_table().resolve_one("completion", s);
+  switch (s.completion) {
+    case CompletionMechanism::cq_ms: return QueueKind::ms;
+    case CompletionMechanism::cq_lock: return QueueKind::lock;
+    case CompletionMechanism::cq:
+    case CompletionMechanism::sync: break;
+  }
+  return kCqQueueKind;
 }
 
 }  // namespace detail
@@ -147,7 +149,12 @@ const char* to_string(QueueKind kind) noexcept { return detail::queue_kind_name(
 QueueKind default_queue_kind() { return detail::default_queue_kind(); }
 
 CompletionQueue::CompletionQueue(CompletionQueueOptions options) {
-  const std::size_t cap = options.capacity != 0 ? options.capacity : detail::default_cq_capacity();
+  std::size_t cap = options.capacity;
+  if (cap == 0) {
+    RuntimeSettings s;
+    runtime_option_table().resolve_one("cq_capacity", s);
+    cap = s.cq_capacity;
+  }
   if (cap > (std::size_t{1} << 28)) {
     throw Error("CompletionQueueOptions::capacity=" + std::to_string(cap) + " is out of range: at most 268435456");
   }

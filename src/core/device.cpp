@@ -150,7 +150,7 @@ DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, net::Fabric& fabric, con
   std::size_t limit = std::max(eager_limit_, config.fragment_max);
   if (config.rdv_threshold != 0) limit = std::min(limit, config.rdv_threshold);
   limit = std::min<std::size_t>(limit, std::numeric_limits<std::uint32_t>::max());
-  if (config.fragment == "auto" && caps_.inject_size >= kMinFragmentInject && kHeader + limit > caps_.inject_size) {
+  if (config.fragment == FragmentMode::automatic && caps_.inject_size >= kMinFragmentInject && kHeader + limit > caps_.inject_size) {
     fragment_payload_ = std::min(caps_.inject_size, kMaxFragmentFrame) - kFragmentHeader;
     fragment_limit_ = limit;
     partials_.reserve(64);
@@ -158,7 +158,7 @@ DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, net::Fabric& fabric, con
   // The packet slab is registered once; the descriptor matters only under FI_MR_LOCAL.
   pool_mr_ = endpoint_.register_memory(pool_->slab(), pool_->slab_bytes(), FI_SEND | FI_RECV);
   pool_desc_ = caps_.mr_local ? fi_mr_desc(pool_mr_) : nullptr;
-  const LockModel model = parse_lock_model(config.lock_model);
+  const LockModel model = config.lock_model;
   if (model != LockModel::lockless) safety_ = std::make_unique<ThreadSafety>(*this, model);
 }
 

@@ -13,15 +13,6 @@
 
 namespace ferry::detail {
 
-LockModel parse_lock_model(const std::string& name) {
-  if (name == "trylock") return LockModel::trylock;
-  if (name == "block") return LockModel::block;
-  if (name == "lockq") return LockModel::lockq;
-  if (name == "csync") return LockModel::csync;
-  if (name == "offload") return LockModel::offload;
-  return LockModel::lockless;
-}
-
 // ---- csync nodes ---------------------------------------------------------------------------
 
 // One announced call. The announcing thread owns `req` (on its stack) until `wait` drops;

@@ -42,8 +42,7 @@ namespace ferry::detail {
 
 class DeviceImpl;
 
-enum class LockModel : std::uint8_t { lockless, trylock, block, lockq, csync, offload };
-LockModel parse_lock_model(const std::string& name);  // names validated by resolve_config
+using ferry::LockModel;  // public (options.hpp): RuntimeSettings holds it, resolved from FERRY_LOCK_MODEL
 
 // One post or a progress call, as data.
 struct OpDesc {

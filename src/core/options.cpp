@@ -1,48 +1,35 @@
+// options.cpp — the one option resolver, and the core runtime's table.
 #include <cstdlib>
 #include <limits>
 #include <string>
 
 #include "core/config.hpp"
 #include "ferry/error.hpp"
+#include "ferry/options.hpp"
 
 namespace ferry {
 
-const std::vector<OptionInfo>& option_table() {
-  static const std::vector<OptionInfo> table = {
-#define FERRY_X(field, env, def, help) OptionInfo{#field, env, def, help},
-      FERRY_OPTIONS(FERRY_X)
-#undef FERRY_X
-  };
-  return table;
+const char* to_string(OptionType type) noexcept {
+  switch (type) {
+    case OptionType::choice: return "choice";
+    case OptionType::size: return "size";
+    case OptionType::count: return "count";
+    case OptionType::boolean: return "bool";
+    case OptionType::text: return "text";
+  }
+  return "?";
 }
 
-namespace {
-
-std::string text_of(const std::string& v) { return v; }
-std::string text_of(int v) { return v == 0 ? std::string() : std::to_string(v); }
-std::string text_of(std::size_t v) { return v == 0 ? std::string() : std::to_string(v); }
-
-// The text in force for one option and where it came from.
-std::string pick(const std::string& explicit_text, const char* env, const char* def) {
-  if (!explicit_text.empty()) return explicit_text;
-  if (const char* e = std::getenv(env); e != nullptr && *e != '\0') return e;
-  return def;
+const char* to_string(OptionSource source) noexcept {
+  switch (source) {
+    case OptionSource::default_value: return "default";
+    case OptionSource::environment: return "environment";
+    case OptionSource::program: return "program";
+  }
+  return "?";
 }
 
-}  // namespace
-
-std::vector<std::pair<OptionInfo, std::string>> resolved_options(const RuntimeOptions& o) {
-  std::vector<std::pair<OptionInfo, std::string>> out;
-#define FERRY_X(field, env, def, help) \
-  out.emplace_back(OptionInfo{#field, env, def, help}, pick(text_of(o.field), env, def));
-  FERRY_OPTIONS(FERRY_X)
-#undef FERRY_X
-  return out;
-}
-
-}  // namespace ferry
-
-namespace ferry::detail {
+namespace detail {
 
 std::size_t parse_size(std::string_view what, std::string_view text) {
   auto fail = [&]() -> std::size_t {
@@ -77,102 +64,185 @@ std::size_t parse_size(std::string_view what, std::string_view text) {
 
 namespace {
 
-std::size_t size_option(const RuntimeOptions& o, std::size_t explicit_value, const char* env, const char* def) {
-  (void)o;
-  if (explicit_value != 0) return explicit_value;
-  const char* e = std::getenv(env);
-  if (e != nullptr && *e != '\0') return parse_size(env, e);
-  return parse_size(env, def);
+// A whole number without sign or suffix, or nothing when `text` is not one (or overflows).
+bool parse_count(std::string_view text, std::uint64_t& out) {
+  if (text.empty()) return false;
+  std::uint64_t value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    const unsigned digit = static_cast<unsigned>(c - '0');
+    if (value > (std::numeric_limits<std::uint64_t>::max() - digit) / 10) return false;
+    value = value * 10 + digit;
+  }
+  out = value;
+  return true;
 }
 
-void require_range(const char* env, std::size_t value, std::size_t lo, std::size_t hi) {
-  if (value < lo || value > hi) {
-    throw Error(std::string(env) + "=" + std::to_string(value) + " is out of range: valid values are " +
-                std::to_string(lo) + " to " + std::to_string(hi));
+std::string valid_names(const OptionInfo& info) {
+  std::string list;
+  for (const char* n : info.names) list += (list.empty() ? "" : ", ") + std::string(n);
+  return list;
+}
+
+void require_range(const std::string& what, std::uint64_t value, std::uint64_t lo, std::uint64_t hi,
+                   const char* bound_by) {
+  if (value >= lo && value <= hi) return;
+  throw Error(what + "=" + std::to_string(value) + " is out of range: valid values are " + std::to_string(lo) + " to " +
+              std::to_string(hi) + (bound_by != nullptr ? std::string(" (at most ") + bound_by + ")" : ""));
+}
+
+OptionValue parse(const OptionInfo& info, const std::string& what, const std::string& text, std::uint64_t bound) {
+  OptionValue v;
+  v.text = text;
+  const std::uint64_t hi = std::min(info.max, bound);
+  const char* bound_by = bound < info.max ? info.max_option : nullptr;
+  switch (info.type) {
+    case OptionType::text: return v;
+    case OptionType::size:
+      v.number = parse_size(what, text);
+      require_range(what, v.number, info.min, hi, bound_by);
+      v.text = std::to_string(v.number);
+      return v;
+    case OptionType::count:
+      if (!parse_count(text, v.number)) {
+        throw Error(what + "='" + text + "' is not a count: expected a whole number from " + std::to_string(info.min) +
+                    " to " + std::to_string(hi));
+      }
+      require_range(what, v.number, info.min, hi, bound_by);
+      v.text = std::to_string(v.number);
+      return v;
+    case OptionType::boolean:
+      for (const char* t : {"1", "on", "yes", "true"}) {
+        if (text == t) {
+          v.number = 1;
+          v.text = "1";
+          return v;
+        }
+      }
+      for (const char* f : {"0", "off", "no", "false"}) {
+        if (text == f) {
+          v.text = "0";
+          return v;
+        }
+      }
+      throw Error(what + "='" + text + "' is not valid; valid values: 1, 0, on, off, yes, no, true, false");
+    case OptionType::choice:
+      for (std::size_t i = 0; i < info.names.size(); ++i) {
+        const std::string_view name = info.names[i];
+        if (text == name) {
+          v.index = i;
+          return v;
+        }
+        // "word:N": the text is "word:" and a count within [min, max].
+        if (name.size() > 2 && name.substr(name.size() - 2) == ":N") {
+          const std::string_view word = name.substr(0, name.size() - 1);  // "thread:"
+          if (text.compare(0, word.size(), word) != 0) continue;
+          if (!parse_count(std::string_view(text).substr(word.size()), v.number) || v.number < info.min ||
+              v.number > hi) {
+            throw Error(what + "='" + text + "' is not valid: " + std::string(name) + " needs N from " +
+                        std::to_string(info.min) + " to " + std::to_string(hi));
+          }
+          v.index = i;
+          v.text = std::string(word) + std::to_string(v.number);
+          return v;
+        }
+      }
+      throw Error(what + "='" + text + "' is not valid; valid values: " + valid_names(info));
   }
+  return v;
 }
 
 }  // namespace
 
-Config resolve_config(const RuntimeOptions& o) {
-  Config c;
-  c.bootstrap = pick(o.bootstrap, "FERRY_BOOTSTRAP", "auto");
-  c.provider = pick(o.provider, "FERRY_PROVIDER", "auto");
-  if (o.devices < 0) throw Error("RuntimeOptions::devices=" + std::to_string(o.devices) + " must be positive");
-  if (o.devices > 0) {
-    c.devices = o.devices;
-  } else {
-    const char* e = std::getenv("FERRY_DEVICES");
-    const std::string text = (e != nullptr && *e != '\0') ? e : "1";
-    if (text.find_first_not_of("0123456789") != std::string::npos || text.size() > 9) {
-      throw Error("FERRY_DEVICES='" + text + "' is not a count: expected a whole number from 1 to 64");
-    }
-    c.devices = std::stoi(text);
+std::pair<OptionValue, OptionSource> resolve_option(const OptionInfo& info, const std::string& program,
+                                                    const std::string& program_name, std::uint64_t bound) {
+  if (!program.empty()) return {parse(info, program_name, program, bound), OptionSource::program};
+  // The one place ferry reads its own variables.
+  if (const char* e = std::getenv(info.env); e != nullptr && *e != '\0') {
+    return {parse(info, info.env, e, bound), OptionSource::environment};
   }
-  c.packet_size = size_option(o, o.packet_size, "FERRY_PACKET_SIZE", "8192");
-  c.packets = size_option(o, o.packets, "FERRY_PACKETS", "4096");
-  c.prepost = size_option(o, o.prepost, "FERRY_PREPOST", "256");
-  c.recv_descriptors = size_option(o, o.recv_descriptors, "FERRY_RECV_DESCRIPTORS", "16384");
-  c.send_credits = size_option(o, o.send_credits, "FERRY_SEND_CREDITS", "0");
-  c.cq_capacity = size_option(o, o.cq_capacity, "FERRY_CQ_CAPACITY", "65536");
-  c.max_targets = size_option(o, o.max_targets, "FERRY_MAX_TARGETS", "4096");
-  c.rdv_threshold = size_option(o, o.rdv_threshold, "FERRY_RDV_THRESHOLD", "0");
-  c.fragment_max = size_option(o, o.fragment_max, "FERRY_FRAGMENT_MAX", "16384");
-  auto choice = [](const char* env, const std::string& explicit_value, const char* def,
-                   std::initializer_list<const char*> valid) {
-    std::string v = pick(explicit_value, env, def);
-    for (const char* ok : valid) {
-      if (v == ok) return v;
-    }
-    std::string list;
-    for (const char* ok : valid) list += (list.empty() ? "" : ", ") + std::string(ok);
-    throw Error(std::string(env) + "='" + v + "' is not valid; valid values: " + list);
-  };
-  c.lock_model = choice("FERRY_LOCK_MODEL", o.lock_model, "lockless",
-                        {"lockless", "trylock", "block", "lockq", "csync", "offload"});
-  c.completion = choice("FERRY_COMPLETION", o.completion, "cq", {"cq", "cq_ms", "cq_lock", "sync"});
-  c.fragment = choice("FERRY_FRAGMENT", o.fragment, "auto", {"auto", "off"});
-  c.header = choice("FERRY_HEADER", o.header, "am", {"am", "sendrecv"});
-  c.device_polling = choice("FERRY_DEVICE_POLLING", o.device_polling, "local", {"local", "random", "global"});
-  c.parcel_queues = choice("FERRY_PARCEL_QUEUES", o.parcel_queues, "shared", {"shared", "device"});
-  c.progress = pick(o.progress, "FERRY_PROGRESS", "explicit");
-  c.progress_threads = 0;
-  if (c.progress.rfind("thread:", 0) == 0) {
-    const std::string n = c.progress.substr(7);
-    if (n.empty() || n.size() > 3 || n.find_first_not_of("0123456789") != std::string::npos || std::stoi(n) < 1) {
-      throw Error("FERRY_PROGRESS='" + c.progress + "' is not valid: thread:N needs N from 1 to 999");
-    }
-    c.progress_threads = std::stoi(n);
-  } else if (c.progress != "explicit" && c.progress != "implicit" && c.progress != "steal") {
-    throw Error("FERRY_PROGRESS='" + c.progress + "' is not valid; valid values: explicit, implicit, thread:N, steal");
-  }
-  // Settings of the design space this build does not implement yet are refused, never ignored.
-  auto not_yet = [](const char* env, const std::string& v, std::initializer_list<const char*> implemented) {
-    for (const char* ok : implemented) {
-      if (v == ok) return;
-    }
-    throw Error(std::string(env) + "='" + v + "' is not implemented in this build yet");
-  };
-  not_yet("FERRY_COMPLETION", c.completion, {"cq", "cq_ms", "cq_lock", "sync"});
-  not_yet("FERRY_HEADER", c.header, {"am", "sendrecv"});
-  not_yet("FERRY_PROGRESS", c.progress_threads != 0 ? "thread" : c.progress, {"explicit", "implicit", "thread", "steal"});
-  not_yet("FERRY_DEVICE_POLLING", c.device_polling, {"local", "random", "global"});
-  require_range("FERRY_DEVICES", static_cast<std::size_t>(c.devices), 1, 64);
-  require_range("FERRY_PACKET_SIZE", c.packet_size, 64, 1u << 30);
-  require_range("FERRY_PACKETS", c.packets, 2, 1u << 24);
-  require_range("FERRY_PREPOST", c.prepost, 1, c.packets);
-  require_range("FERRY_RECV_DESCRIPTORS", c.recv_descriptors, 1, 1u << 24);
-  require_range("FERRY_CQ_CAPACITY", c.cq_capacity, 2, 1u << 28);
-  require_range("FERRY_MAX_TARGETS", c.max_targets, 1, 65536);
-  require_range("FERRY_FRAGMENT_MAX", c.fragment_max, 0, 1u << 30);
-  return c;
+  return {parse(info, info.env, info.default_value, bound), OptionSource::default_value};
 }
 
-std::size_t default_cq_capacity() {
-  const char* e = std::getenv("FERRY_CQ_CAPACITY");
-  std::size_t v = (e != nullptr && *e != '\0') ? parse_size("FERRY_CQ_CAPACITY", e) : 65536;
-  require_range("FERRY_CQ_CAPACITY", v, 2, 1u << 28);
-  return v;
+void unknown_option(std::string_view table, std::string_view name) {
+  throw Error(std::string(table) + ": '" + std::string(name) + "' is not an option (see ferry-info)");
 }
 
-}  // namespace ferry::detail
+}  // namespace detail
+
+const RuntimeOptionTable& runtime_option_table() {
+  using O = RuntimeOptions;
+  using S = RuntimeSettings;
+  using T = OptionType;
+  static const RuntimeOptionTable table(
+      "core", "RuntimeOptions",
+      {
+          option({"bootstrap", "FERRY_BOOTSTRAP", T::choice, "auto", {"auto", "single", "pmi1", "pmix"}, 0, 0, nullptr,
+                  "how ranks find each other: auto, single, pmi1 (ferryrun, mpiexec, srun --mpi=pmi2), "
+                  "pmix (mpirun, srun --mpi=pmix)"},
+                 &O::bootstrap, &S::bootstrap),
+          option({"provider", "FERRY_PROVIDER", T::text, "auto", {}, 0, 0, nullptr,
+                  "libfabric provider (shm, tcp, verbs, cxi, efa, sockets...); auto: shm when all ranks "
+                  "share a host, else libfabric's best"},
+                 &O::provider, &S::provider),
+          option({"devices", "FERRY_DEVICES", T::count, "1", {}, 1, 64, nullptr,
+                  "devices (endpoint + CQ + buffers) per process"},
+                 &O::devices, &S::devices),
+          option({"packet_size", "FERRY_PACKET_SIZE", T::size, "8192", {}, 64, 1u << 30, nullptr,
+                  "bytes per packet; messages up to this size minus a 16-byte header go eagerly"},
+                 &O::packet_size, &S::packet_size),
+          option({"packets", "FERRY_PACKETS", T::size, "4096", {}, 2, 1u << 24, nullptr,
+                  "packets per device (send and receive buffers)"},
+                 &O::packets, &S::packets),
+          option({"prepost", "FERRY_PREPOST", T::size, "256", {}, 1, UINT64_MAX, "packets",
+                  "receives each device keeps posted (refilled on idle polls, at once below half)"},
+                 &O::prepost, &S::prepost),
+          option({"recv_descriptors", "FERRY_RECV_DESCRIPTORS", T::size, "16384", {}, 1, 1u << 24, nullptr,
+                  "post_recv calls per device that may wait for their message at once"},
+                 &O::recv_descriptors, &S::recv_descriptors),
+          option({"send_credits", "FERRY_SEND_CREDITS", T::size, "0", {}, 0, UINT64_MAX, nullptr,
+                  "outstanding sends per device; 0: the provider's transmit queue size"},
+                 &O::send_credits, &S::send_credits),
+          option({"cq_capacity", "FERRY_CQ_CAPACITY", T::size, "65536", {}, 2, 1u << 28, nullptr,
+                  "default completion queue capacity"},
+                 &O::cq_capacity, &S::cq_capacity),
+          option({"max_targets", "FERRY_MAX_TARGETS", T::size, "4096", {}, 1, 65536, nullptr,
+                  "remote target ids per runtime (0..N-1)"},
+                 &O::max_targets, &S::max_targets),
+          option({"rdv_threshold", "FERRY_RDV_THRESHOLD", T::size, "0", {}, 0, UINT64_MAX, nullptr,
+                  "messages above this many bytes use rendezvous; 0: as large as a packet allows"},
+                 &O::rdv_threshold, &S::rdv_threshold),
+          option({"fragment", "FERRY_FRAGMENT", T::choice, "auto", {"auto", "off"}, 0, 0, nullptr,
+                  "eager messages above the provider's inject size go as inject-size fragments: auto "
+                  "(when the provider injects >= 1 KiB, as shm does), off (one provider send)"},
+                 &O::fragment, &S::fragment),
+          option({"fragment_max", "FERRY_FRAGMENT_MAX", T::size, "16384", {}, 0, 1u << 30, nullptr,
+                  "when fragmenting, messages up to this many bytes go as fragments, even past a packet "
+                  "(reassembled on the heap); larger ones use rendezvous"},
+                 &O::fragment_max, &S::fragment_max),
+          option({"lock_model", "FERRY_LOCK_MODEL", T::choice, "lockless",
+                  {"lockless", "trylock", "block", "lockq", "csync", "offload"}, 0, 0, nullptr,
+                  "device thread safety: lockless, trylock, block, lockq, csync, offload"},
+                 &O::lock_model, &S::lock_model),
+          // One variable for the whole stack: the core reads it for its queues' algorithm (at
+          // every CompletionQueue creation too) and the ferry parcelport for `sync`, which the
+          // core's queues run as `cq`. The core owns the row because the parcel layer sits on
+          // the core and reads the typed value from Runtime::options(); the reverse cannot be.
+          option({"completion", "FERRY_COMPLETION", T::choice, "cq", {"cq", "cq_ms", "cq_lock", "sync"}, 0, 0, nullptr,
+                  "completion mechanism: cq (array queue), cq_ms (Michael-Scott), cq_lock, sync (the ferry "
+                  "parcelport's synchronizer pool; the core's queues use cq)"},
+                 &O::completion, &S::completion),
+          // Owned by the core, which runs thread:N; the ferry parcelport carries out the others.
+          option({"progress", "FERRY_PROGRESS", T::choice, "explicit", {"explicit", "implicit", "thread:N", "steal"}, 1,
+                  999, nullptr,
+                  "who progresses: explicit, implicit, thread:N (N progress threads), steal"},
+                 &O::progress, &S::progress),
+      });
+  return table;
+}
+
+Resolved<RuntimeSettings> resolve_options(const RuntimeOptions& explicit_options) {
+  return runtime_option_table().resolve(explicit_options);
+}
+
+}  // namespace ferry

@@ -53,8 +53,8 @@ void ProgressThreads::run(std::vector<Device*> mine) noexcept {
 }
 
 std::unique_ptr<ProgressThreads> start_progress_threads(const Config& config, std::vector<Device>& devices) {
-  if (config.progress_threads <= 0 || devices.empty()) return nullptr;
-  return std::make_unique<ProgressThreads>(devices, config.progress_threads);
+  if (config.progress.value != ProgressMode::thread || devices.empty()) return nullptr;
+  return std::make_unique<ProgressThreads>(devices, static_cast<int>(config.progress.count));
 }
 
 }  // namespace ferry::detail

@@ -20,7 +20,7 @@
 
 namespace ferry::detail {
 
-struct Config;
+using Config = RuntimeSettings;  // core/config.hpp
 
 class ProgressThreads {
  public:

@@ -33,7 +33,7 @@ std::string choose_provider(const std::string& wanted, bootstrap::Bootstrap& boo
 
 }  // namespace
 
-RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : config_(resolve_config(options)) {
+RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_options(options)) {
   boot_ = bootstrap::make_bootstrap(config_.bootstrap);
   rank_ = boot_->rank();
   set_log_rank(rank_);  // lines logged without a runtime at hand name this process's rank
@@ -188,6 +188,7 @@ Device& Runtime::device(int index) {
 }
 std::string Runtime::provider() const { return impl_->fabric().caps().provider; }
 std::string Runtime::bootstrap() const { return std::string(impl_->boot().kind()); }
+const Resolved<RuntimeSettings>& Runtime::options() const noexcept { return impl_->options(); }
 Exposure Runtime::expose(CompletionObject& object, std::uint16_t id) {
   if (impl_->finalized()) throw Error("expose: called after the runtime was finalized");
   impl_->expose(object, id);

@@ -35,6 +35,7 @@ class RuntimeImpl {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   const Config& config() const noexcept { return config_; }
+  const Resolved<RuntimeSettings>& options() const noexcept { return options_; }
   bootstrap::Bootstrap& boot() { return *boot_; }
   net::Fabric& fabric() { return *fabric_; }
   std::vector<Device>& handles() { return handles_; }
@@ -50,7 +51,8 @@ class RuntimeImpl {
   std::size_t max_targets() const noexcept { return config_.max_targets; }
 
  private:
-  Config config_;
+  Resolved<RuntimeSettings> options_;
+  const Config& config_ = options_.settings;  // the typed values of options_
   std::unique_ptr<bootstrap::Bootstrap> boot_;
   int rank_ = 0;
   int size_ = 1;

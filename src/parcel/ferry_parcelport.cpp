@@ -12,7 +12,8 @@
 //  - back-pressure: a post that returns retry goes onto a deferred list (mutex, slow path)
 //    that background_work drains, one thread at a time; send() never blocks.
 //
-// The design space (runtime settings of the core Runtime, read back with config_value;
+// The design space (FERRY_HEADER, FERRY_DEVICE_POLLING and FERRY_PARCEL_QUEUES from the parcel
+// layer's option_table(); FERRY_COMPLETION and FERRY_PROGRESS from the core's Runtime::options();
 // [AMT-LCI] §5, [MPI-AMT] §5.2, [Daps] §IV; docs/references.md):
 //  - FERRY_HEADER=sendrecv: headers are post_send on kHeaderTag; each device keeps K
 //    (ParcelportOptions::header_recvs, default 4) post_recv(any_source, kHeaderTag) posted,
@@ -68,8 +69,8 @@ constexpr int kDefaultHeaderRecvs = 4;
 constexpr std::uint32_t kSyncSlots = 4096;
 constexpr std::uint32_t kSyncWindow = 32;
 
-enum class Progress : std::uint8_t { explicit_, implicit, thread, steal };
-enum class Polling : std::uint8_t { local, random, global };
+using Progress = ProgressMode;  // the core's FERRY_PROGRESS
+using Polling = DevicePolling;  // FERRY_DEVICE_POLLING
 
 // What travels in front of every header: then zc_count sizes (u64), then the nzc if piggybacked.
 struct ParcelHeader {
@@ -198,19 +199,16 @@ class FerryParcelport final : public Parcelport {
  public:
   FerryParcelport(const ParcelportOptions& options, Upcalls& upcalls)
       : upcalls_(upcalls),
+        settings_(option_table().resolve(options).settings),
         rt_(RuntimeOptions{.devices = options.devices}),
         iovec_(options.iovec),
         tags_(static_cast<std::size_t>(rt_.device_count())) {
-    const std::string progress = rt_.config_value("progress");
-    progress_ = progress == "implicit"                ? Progress::implicit
-                : progress == "steal"                 ? Progress::steal
-                : progress.rfind("thread:", 0) == 0   ? Progress::thread
-                                                      : Progress::explicit_;
-    const std::string polling = rt_.config_value("device_polling");
-    polling_ = polling == "random" ? Polling::random : polling == "global" ? Polling::global : Polling::local;
-    sendrecv_ = rt_.config_value("header") == "sendrecv";
-    sync_ = rt_.config_value("completion") == "sync";
-    per_device_ = rt_.config_value("parcel_queues") == "device" && rt_.device_count() > 1;
+    const RuntimeSettings& core = rt_.options().settings;
+    progress_ = core.progress.value;
+    polling_ = settings_.device_polling;
+    sendrecv_ = settings_.header == HeaderPrimitive::sendrecv;
+    sync_ = core.completion == CompletionMechanism::sync;
+    per_device_ = settings_.parcel_queues == ParcelQueues::device && rt_.device_count() > 1;
     for (int d = 0; d < rt_.device_count(); ++d) devs_.push_back(&rt_.device(d));
     if (progress_ == Progress::steal) policy_ = std::make_unique<StealPolicy>(rt_.device_count());
     if (sync_) pool_ = std::make_unique<SyncPool>();
@@ -345,7 +343,7 @@ class FerryParcelport final : public Parcelport {
   bool background_work() override {
     bool any = false;
     switch (progress_) {
-      case Progress::explicit_:
+      case Progress::explicit_calls:
         any = poll_devices();
         any |= run_deferred();
         any |= drain_completions();
@@ -857,9 +855,10 @@ class FerryParcelport final : public Parcelport {
   }
 
   Upcalls& upcalls_;
+  const Settings settings_;  // resolved before rt_: a bad value throws before the collective setup
   Runtime rt_;
   bool iovec_;
-  Progress progress_ = Progress::explicit_;
+  Progress progress_ = Progress::explicit_calls;
   Polling polling_ = Polling::local;
   bool sendrecv_ = false;
   bool sync_ = false;

@@ -14,8 +14,8 @@
 int main() {
   using clock = std::chrono::steady_clock;
   ferry::Runtime rt;
-  const std::string progress = rt.config_value("progress");
-  if (progress.rfind("thread:", 0) != 0) {
+  const std::string& progress = rt.options().value("progress");
+  if (rt.options().settings.progress.value != ferry::ProgressMode::thread) {
     std::fprintf(stderr, "progress_shutdown_test: needs FERRY_PROGRESS=thread:N, not '%s'\n", progress.c_str());
     return 2;
   }

@@ -1,4 +1,5 @@
-// options_test.cpp — the option table, size parsing and resolution (explicit > env > default).
+// options_test.cpp — the option tables of every layer, size parsing and resolution
+// (explicit > env > default), and README's option table against them.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -15,13 +16,25 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "ferry/amt.hpp"
 #include "ferry/error.hpp"
 #include "ferry/options.hpp"
+#include "ferry/parcel.hpp"
 
 namespace {
 
 using ferry::detail::parse_size;
-using ferry::detail::resolve_config;
+
+ferry::RuntimeSettings resolve_config(const ferry::RuntimeOptions& o) { return ferry::resolve_options(o).settings; }
+
+// Every layer's rows, core first.
+std::vector<const ferry::OptionInfo*> all_options() {
+  std::vector<const ferry::OptionInfo*> out;
+  for (const auto& r : ferry::runtime_option_table().rows()) out.push_back(&r.info);
+  for (const auto& r : ferry::parcel::option_table().rows()) out.push_back(&r.info);
+  for (const auto& r : ferry::amt::option_table().rows()) out.push_back(&r.info);
+  return out;
+}
 
 // What a call's ferry::Error said, or nothing if it did not throw.
 template <class F>
@@ -78,20 +91,20 @@ TEST(ParseSize, RejectsMalformedTextNamingVariableAndValue) {
   }
 }
 
-// --- resolve_config and the environment -----------------------------------------------------
+// --- Resolution and the environment ---------------------------------------------------------
 
 // Clears every FERRY_* option variable (and restores what the caller's environment had), so
 // tests neither see the developer's settings nor leak their own into later tests.
 class Env : public testing::Test {
  protected:
   void SetUp() override {
-    for (const ferry::OptionInfo& o : ferry::option_table()) {
-      if (const char* v = std::getenv(o.env)) saved_[o.env] = v;
-      ::unsetenv(o.env);
+    for (const ferry::OptionInfo* o : all_options()) {
+      if (const char* v = std::getenv(o->env)) saved_[o->env] = v;
+      ::unsetenv(o->env);
     }
   }
   void TearDown() override {
-    for (const ferry::OptionInfo& o : ferry::option_table()) ::unsetenv(o.env);
+    for (const ferry::OptionInfo* o : all_options()) ::unsetenv(o->env);
     for (const auto& [name, value] : saved_) ::setenv(name.c_str(), value.c_str(), 1);
   }
   static void set(const char* name, const char* value) { ASSERT_EQ(::setenv(name, value, 1), 0); }
@@ -101,41 +114,39 @@ class Env : public testing::Test {
 };
 
 TEST_F(Env, DefaultsMatchTheOptionTable) {
-  const ferry::detail::Config c = resolve_config({});
+  const ferry::RuntimeSettings c = resolve_config({});
   EXPECT_EQ(c.bootstrap, "auto");
   EXPECT_EQ(c.provider, "auto");
   EXPECT_EQ(c.devices, 1);
   EXPECT_EQ(c.packet_size, 8192u);
   EXPECT_EQ(c.packets, 4096u);
   EXPECT_EQ(c.prepost, 256u);
+  EXPECT_EQ(c.recv_descriptors, 16384u);
   EXPECT_EQ(c.send_credits, 0u);
   EXPECT_EQ(c.cq_capacity, 65536u);
   EXPECT_EQ(c.max_targets, 4096u);
   EXPECT_EQ(c.rdv_threshold, 0u);
-  EXPECT_EQ(c.fragment, "auto");
+  EXPECT_EQ(c.fragment, ferry::FragmentMode::automatic);
   EXPECT_EQ(c.fragment_max, 16384u);
-  // The defaults are written twice (the table, for ferry-info, and resolve_config): they
-  // must agree, or ferry-info would print a value ferry does not use.
-  const std::map<std::string, std::size_t> resolved = {
-      {"devices", static_cast<std::size_t>(c.devices)}, {"packet_size", c.packet_size},
-      {"packets", c.packets},         {"prepost", c.prepost}, {"recv_descriptors", c.recv_descriptors},
-      {"send_credits", c.send_credits}, {"cq_capacity", c.cq_capacity},
-      {"max_targets", c.max_targets}, {"rdv_threshold", c.rdv_threshold}, {"fragment_max", c.fragment_max}};
-  for (const ferry::OptionInfo& o : ferry::option_table()) {
-    auto it = resolved.find(o.name);
-    if (it == resolved.end()) {
-      // Text options, and the two ferry::amt reads itself (its defaults: ferry, 1 thread).
-      const std::map<std::string, std::string> text = {
-          {"bootstrap", "auto"}, {"provider", "auto"}, {"parcelport", "ferry"}, {"amt_threads", "1"},
-          {"lock_model", "lockless"}, {"completion", "cq"}, {"header", "am"}, {"progress", "explicit"},
-          {"device_polling", "local"}, {"parcel_queues", "shared"}, {"fragment", "auto"}};
-      ASSERT_TRUE(text.count(o.name)) << o.name << " has no checked default";
-      EXPECT_EQ(o.default_value, text.at(o.name)) << o.name;
-      continue;
-    }
-    EXPECT_EQ(parse_size(o.env, o.default_value), it->second) << o.name;
+  EXPECT_EQ(c.lock_model, ferry::LockModel::lockless);
+  EXPECT_EQ(c.completion, ferry::CompletionMechanism::cq);
+  EXPECT_EQ(c.progress.value, ferry::ProgressMode::explicit_calls);
+  EXPECT_EQ(c.progress.count, 0u);
+  const ferry::parcel::Settings p = ferry::parcel::option_table().resolve().settings;
+  EXPECT_EQ(p.header, ferry::parcel::HeaderPrimitive::am);
+  EXPECT_EQ(p.device_polling, ferry::parcel::DevicePolling::local);
+  EXPECT_EQ(p.parcel_queues, ferry::parcel::ParcelQueues::shared);
+  const ferry::amt::Settings a = ferry::amt::option_table().resolve().settings;
+  EXPECT_EQ(a.parcelport, "ferry");
+  EXPECT_EQ(a.threads, 1);
+  // Every value in force is the row's default, and says so.
+  for (const ferry::ResolvedOption& o : ferry::resolve_options().options) {
+    EXPECT_EQ(o.value, o.info->default_value) << o.info->name;
+    EXPECT_EQ(o.source, ferry::OptionSource::default_value) << o.info->name;
   }
-  EXPECT_EQ(ferry::detail::default_cq_capacity(), 65536u);
+  ferry::RuntimeSettings one;
+  ferry::runtime_option_table().resolve_one("cq_capacity", one);
+  EXPECT_EQ(one.cq_capacity, 65536u);
 }
 
 TEST_F(Env, EnvironmentValuesAreUsed) {
@@ -149,7 +160,10 @@ TEST_F(Env, EnvironmentValuesAreUsed) {
   set("FERRY_CQ_CAPACITY", "1M");
   set("FERRY_MAX_TARGETS", "16");
   set("FERRY_RDV_THRESHOLD", "4KiB");
-  const ferry::detail::Config c = resolve_config({});
+  set("FERRY_LOCK_MODEL", "csync");
+  set("FERRY_COMPLETION", "sync");
+  set("FERRY_PROGRESS", "thread:3");
+  const ferry::RuntimeSettings c = resolve_config({});
   EXPECT_EQ(c.bootstrap, "single");
   EXPECT_EQ(c.provider, "tcp");
   EXPECT_EQ(c.devices, 4);
@@ -160,12 +174,27 @@ TEST_F(Env, EnvironmentValuesAreUsed) {
   EXPECT_EQ(c.cq_capacity, 1u << 20);
   EXPECT_EQ(c.max_targets, 16u);
   EXPECT_EQ(c.rdv_threshold, 4096u);
-  EXPECT_EQ(ferry::detail::default_cq_capacity(), 1u << 20);
+  EXPECT_EQ(c.lock_model, ferry::LockModel::csync);
+  EXPECT_EQ(c.completion, ferry::CompletionMechanism::sync);
+  EXPECT_EQ(c.progress.value, ferry::ProgressMode::thread);
+  EXPECT_EQ(c.progress.count, 3u);
+  ferry::RuntimeSettings one;
+  ferry::runtime_option_table().resolve_one("cq_capacity", one);
+  EXPECT_EQ(one.cq_capacity, 1u << 20);
+
+  set("FERRY_HEADER", "sendrecv");
+  set("FERRY_DEVICE_POLLING", "global");
+  set("FERRY_AMT_THREADS", "3");
+  set("FERRY_PARCELPORT", "mpi");
+  EXPECT_EQ(ferry::parcel::option_table().resolve().settings.header, ferry::parcel::HeaderPrimitive::sendrecv);
+  EXPECT_EQ(ferry::parcel::option_table().resolve().settings.device_polling, ferry::parcel::DevicePolling::global);
+  EXPECT_EQ(ferry::amt::option_table().resolve().settings.threads, 3);
+  EXPECT_EQ(ferry::amt::option_table().resolve().settings.parcelport, "mpi");
 }
 
 TEST_F(Env, FragmentIsAutoOrOffAndAnythingElseListsBoth) {
   set("FERRY_FRAGMENT", "off");
-  EXPECT_EQ(resolve_config({}).fragment, "off");
+  EXPECT_EQ(resolve_config({}).fragment, ferry::FragmentMode::off);
   set("FERRY_FRAGMENT", "always");
   const std::optional<std::string> what = error_of([] { (void)resolve_config({}); });
   ASSERT_TRUE(what.has_value());
@@ -174,23 +203,29 @@ TEST_F(Env, FragmentIsAutoOrOffAndAnythingElseListsBoth) {
 }
 
 TEST_F(Env, ParcelQueuesIsSharedOrDeviceAndAnythingElseListsBoth) {
-  EXPECT_EQ(resolve_config({}).parcel_queues, "shared");
+  const auto& table = ferry::parcel::option_table();
+  EXPECT_EQ(table.resolve().settings.parcel_queues, ferry::parcel::ParcelQueues::shared);
   set("FERRY_PARCEL_QUEUES", "device");
-  EXPECT_EQ(resolve_config({}).parcel_queues, "device");
+  EXPECT_EQ(table.resolve().settings.parcel_queues, ferry::parcel::ParcelQueues::device);
   set("FERRY_PARCEL_QUEUES", "per_thread");
-  const std::optional<std::string> what = error_of([] { (void)resolve_config({}); });
+  const std::optional<std::string> what = error_of([&] { (void)table.resolve(); });
   ASSERT_TRUE(what.has_value());
   EXPECT_TRUE(contains(*what, "FERRY_PARCEL_QUEUES='per_thread'")) << *what;
   EXPECT_TRUE(contains(*what, "shared, device")) << *what;
+  // A parcel setting is the parcel layer's alone: the core does not read it.
+  EXPECT_NO_THROW((void)resolve_config({}));
 }
 
 // An empty variable counts as unset (`FERRY_PACKETS= prog` should not be an error).
 TEST_F(Env, EmptyVariableMeansUnset) {
   set("FERRY_PACKETS", "");
   set("FERRY_BOOTSTRAP", "");
-  const ferry::detail::Config c = resolve_config({});
-  EXPECT_EQ(c.packets, 4096u);
-  EXPECT_EQ(c.bootstrap, "auto");
+  set("FERRY_AMT_THREADS", "");
+  const ferry::Resolved<ferry::RuntimeSettings> r = ferry::resolve_options({});
+  EXPECT_EQ(r.settings.packets, 4096u);
+  EXPECT_EQ(r.settings.bootstrap, "auto");
+  for (const ferry::ResolvedOption& o : r.options) EXPECT_EQ(o.source, ferry::OptionSource::default_value) << o.info->name;
+  EXPECT_EQ(ferry::amt::option_table().resolve().settings.threads, 1);
 }
 
 TEST_F(Env, MalformedEnvironmentValueNamesVariableAndValue) {
@@ -204,7 +239,7 @@ TEST_F(Env, MalformedEnvironmentValueNamesVariableAndValue) {
 TEST_F(Env, EveryMalformedSizeVariableIsReported) {
   for (const char* var : {"FERRY_DEVICES", "FERRY_PACKET_SIZE", "FERRY_PACKETS", "FERRY_PREPOST",
                           "FERRY_SEND_CREDITS", "FERRY_CQ_CAPACITY", "FERRY_MAX_TARGETS", "FERRY_RDV_THRESHOLD",
-                          "FERRY_FRAGMENT_MAX"}) {
+                          "FERRY_FRAGMENT_MAX", "FERRY_RECV_DESCRIPTORS"}) {
     set(var, "12x");
     const std::optional<std::string> what = error_of([] { (void)resolve_config({}); });
     ASSERT_TRUE(what.has_value()) << var;
@@ -218,16 +253,20 @@ TEST_F(Env, OutOfRangeValuesNameVariableAndRange) {
   struct Case {
     const char* var;
     const char* value;
+    const char* range;
   };
-  for (const Case c : {Case{"FERRY_DEVICES", "0"}, Case{"FERRY_DEVICES", "65"}, Case{"FERRY_PACKET_SIZE", "32"},
-                       Case{"FERRY_PACKET_SIZE", "2G"}, Case{"FERRY_PACKETS", "1"}, Case{"FERRY_PREPOST", "5000"},
-                       Case{"FERRY_CQ_CAPACITY", "1"}, Case{"FERRY_MAX_TARGETS", "65537"},
-                       Case{"FERRY_FRAGMENT_MAX", "2G"}}) {
+  for (const Case c : {Case{"FERRY_DEVICES", "0", "1 to 64"}, Case{"FERRY_DEVICES", "65", "1 to 64"},
+                       Case{"FERRY_PACKET_SIZE", "32", "64 to 1073741824"},
+                       Case{"FERRY_PACKET_SIZE", "2G", "64 to 1073741824"}, Case{"FERRY_PACKETS", "1", "2 to 16777216"},
+                       Case{"FERRY_PREPOST", "5000", "1 to 4096 (at most packets)"},
+                       Case{"FERRY_CQ_CAPACITY", "1", "2 to 268435456"}, Case{"FERRY_MAX_TARGETS", "65537", "1 to 65536"},
+                       Case{"FERRY_FRAGMENT_MAX", "2G", "0 to 1073741824"}}) {
     set(c.var, c.value);
     const std::optional<std::string> what = error_of([] { (void)resolve_config({}); });
     ASSERT_TRUE(what.has_value()) << c.var << "=" << c.value << " was accepted";
     EXPECT_TRUE(contains(*what, c.var)) << *what;
     EXPECT_TRUE(contains(*what, "out of range")) << *what;
+    EXPECT_TRUE(contains(*what, std::string("valid values are ") + c.range)) << *what;
     ::unsetenv(c.var);
   }
   // The edges themselves are accepted.
@@ -238,6 +277,12 @@ TEST_F(Env, OutOfRangeValuesNameVariableAndRange) {
   set("FERRY_CQ_CAPACITY", "2");
   set("FERRY_MAX_TARGETS", "65536");
   EXPECT_NO_THROW((void)resolve_config({}));
+  // A count choice's N is range-checked too, and the message says which N is valid.
+  set("FERRY_PROGRESS", "thread:0");
+  const std::optional<std::string> what = error_of([] { (void)resolve_config({}); });
+  ASSERT_TRUE(what.has_value());
+  EXPECT_TRUE(contains(*what, "FERRY_PROGRESS='thread:0'")) << *what;
+  EXPECT_TRUE(contains(*what, "1 to 999")) << *what;
 }
 
 // FERRY_DEVICES is a count, not a size: a value too large for an int must be rejected, not
@@ -262,30 +307,175 @@ TEST_F(Env, ExplicitOptionsBeatTheEnvironment) {
   o.packet_size = 4096;
   o.bootstrap = "single";
   o.devices = 3;
-  ferry::detail::Config c;
-  ASSERT_NO_THROW(c = resolve_config(o));
-  EXPECT_EQ(c.packet_size, 4096u);
-  EXPECT_EQ(c.bootstrap, "single");
-  EXPECT_EQ(c.devices, 3);
-  EXPECT_EQ(c.packets, 1024u);  // not set explicitly: the environment still applies
+  ferry::Resolved<ferry::RuntimeSettings> r;
+  ASSERT_NO_THROW(r = ferry::resolve_options(o));
+  EXPECT_EQ(r.settings.packet_size, 4096u);
+  EXPECT_EQ(r.settings.bootstrap, "single");
+  EXPECT_EQ(r.settings.devices, 3);
+  EXPECT_EQ(r.settings.packets, 1024u);  // not set explicitly: the environment still applies
 }
 
-// Explicit values go through the same range checks as the environment's.
+// Each value says where it came from: the program, the environment, or the default.
+TEST_F(Env, SourcesAreReported) {
+  set("FERRY_PACKETS", "1024");
+  set("FERRY_HEADER", "sendrecv");
+  ferry::RuntimeOptions o;
+  o.lock_model = "lockq";
+  const ferry::Resolved<ferry::RuntimeSettings> r = ferry::resolve_options(o);
+  std::map<std::string, ferry::OptionSource> source;
+  for (const ferry::ResolvedOption& x : r.options) source[x.info->name] = x.source;
+  EXPECT_EQ(source["lock_model"], ferry::OptionSource::program);
+  EXPECT_EQ(source["packets"], ferry::OptionSource::environment);
+  EXPECT_EQ(source["packet_size"], ferry::OptionSource::default_value);
+  EXPECT_STREQ(ferry::to_string(ferry::OptionSource::program), "program");
+  EXPECT_STREQ(ferry::to_string(ferry::OptionSource::environment), "environment");
+  EXPECT_STREQ(ferry::to_string(ferry::OptionSource::default_value), "default");
+  EXPECT_EQ(r.settings.lock_model, ferry::LockModel::lockq);
+
+  ferry::parcel::ParcelportOptions t;
+  t.device_polling = "random";
+  const auto p = ferry::parcel::option_table().resolve(t);
+  EXPECT_EQ(p.options[0].source, ferry::OptionSource::environment);  // header
+  EXPECT_EQ(p.options[1].source, ferry::OptionSource::program);      // device_polling
+  EXPECT_EQ(p.options[2].source, ferry::OptionSource::default_value);
+  EXPECT_EQ(p.settings.device_polling, ferry::parcel::DevicePolling::random);
+  EXPECT_EQ(p.value("header"), "sendrecv");
+  EXPECT_TRUE(error_of([&] { (void)p.value("no_such_option"); }).has_value());
+}
+
+// Explicit values go through the same checks as the environment's, and the message names the
+// field the program set.
 TEST_F(Env, ExplicitValuesAreRangeChecked) {
   ferry::RuntimeOptions o;
   o.packet_size = 1;
   const std::optional<std::string> what = error_of([&] { (void)resolve_config(o); });
   ASSERT_TRUE(what.has_value());
-  EXPECT_TRUE(contains(*what, "FERRY_PACKET_SIZE=1")) << *what;
+  EXPECT_TRUE(contains(*what, "RuntimeOptions::packet_size=1")) << *what;
+  EXPECT_TRUE(contains(*what, "64 to 1073741824")) << *what;
 
   ferry::RuntimeOptions negative;
   negative.devices = -2;
   const std::optional<std::string> neg = error_of([&] { (void)resolve_config(negative); });
   ASSERT_TRUE(neg.has_value());
-  EXPECT_TRUE(contains(*neg, "devices=-2")) << *neg;
+  EXPECT_TRUE(contains(*neg, "RuntimeOptions::devices='-2'")) << *neg;
+
+  ferry::RuntimeOptions model;
+  model.lock_model = "spin";
+  const std::optional<std::string> bad = error_of([&] { (void)resolve_config(model); });
+  ASSERT_TRUE(bad.has_value());
+  EXPECT_TRUE(contains(*bad, "RuntimeOptions::lock_model='spin'")) << *bad;
+  EXPECT_TRUE(contains(*bad, "lockless, trylock, block, lockq, csync, offload")) << *bad;
 }
 
-// --- The option table -----------------------------------------------------------------------
+// A bad value in every layer's table names the option and the value, and lists what is valid.
+TEST_F(Env, EveryLayerReportsBadValues) {
+  set("FERRY_HEADER", "rdma");
+  std::optional<std::string> what = error_of([] { (void)ferry::parcel::option_table().resolve(); });
+  ASSERT_TRUE(what.has_value());
+  EXPECT_TRUE(contains(*what, "FERRY_HEADER='rdma'")) << *what;
+  EXPECT_TRUE(contains(*what, "am, sendrecv")) << *what;
+  ::unsetenv("FERRY_HEADER");
+
+  ferry::parcel::ParcelportOptions t;
+  t.parcel_queues = "thread";
+  what = error_of([&] { (void)ferry::parcel::option_table().resolve(t); });
+  ASSERT_TRUE(what.has_value());
+  EXPECT_TRUE(contains(*what, "ParcelportOptions::parcel_queues='thread'")) << *what;
+
+  set("FERRY_AMT_THREADS", "many");
+  what = error_of([] { (void)ferry::amt::option_table().resolve(); });
+  ASSERT_TRUE(what.has_value());
+  EXPECT_TRUE(contains(*what, "FERRY_AMT_THREADS='many'")) << *what;
+  EXPECT_TRUE(contains(*what, "1 to 4096")) << *what;
+  set("FERRY_AMT_THREADS", "5000");
+  what = error_of([] { (void)ferry::amt::option_table().resolve(); });
+  ASSERT_TRUE(what.has_value());
+  EXPECT_TRUE(contains(*what, "FERRY_AMT_THREADS=5000 is out of range: valid values are 1 to 4096")) << *what;
+  ::unsetenv("FERRY_AMT_THREADS");
+
+  // FERRY_PARCELPORT is any registered name: make_parcelport, not the table, refuses others.
+  set("FERRY_PARCELPORT", "ucx");
+  EXPECT_EQ(ferry::amt::option_table().resolve().settings.parcelport, "ucx");
+  ::unsetenv("FERRY_PARCELPORT");
+
+  ferry::amt::Options a;
+  a.threads = -1;
+  what = error_of([&] { (void)ferry::amt::option_table().resolve(a); });
+  ASSERT_TRUE(what.has_value());
+  EXPECT_TRUE(contains(*what, "amt::Options::threads='-1'")) << *what;
+}
+
+// The machinery is generic: any layer declares its own options and settings structs and a
+// table over them (here every type, a row the program cannot set, and a bound by another row).
+struct DemoOptions {
+  bool verbose = false;
+  std::string mode{};
+  std::size_t limit = 0;
+};
+enum class DemoMode : std::uint8_t { fast, safe };
+struct DemoSettings {
+  bool verbose = false;
+  DemoMode mode = DemoMode::fast;
+  std::size_t limit = 0;
+  std::size_t part = 0;
+  std::string label;
+};
+
+TEST_F(Env, AnyLayerCanDeclareATable) {
+  using T = ferry::OptionType;
+  const ferry::OptionTable<DemoOptions, DemoSettings> table(
+      "demo", "DemoOptions",
+      {
+          ferry::option({"verbose", "FERRY_DEMO_VERBOSE", T::boolean, "off", {}, 0, 0, nullptr, "print more than usual"},
+                        &DemoOptions::verbose, &DemoSettings::verbose),
+          ferry::option({"mode", "FERRY_DEMO_MODE", T::choice, "fast", {"fast", "safe"}, 0, 0, nullptr, "which way"},
+                        &DemoOptions::mode, &DemoSettings::mode),
+          ferry::option({"limit", "FERRY_DEMO_LIMIT", T::size, "1k", {}, 1, 1u << 20, nullptr, "bytes at most"},
+                        &DemoOptions::limit, &DemoSettings::limit),
+          ferry::option<DemoOptions>(
+              {"part", "FERRY_DEMO_PART", T::size, "512", {}, 0, UINT64_MAX, "limit", "bytes of limit per part"},
+              &DemoSettings::part),
+          ferry::option<DemoOptions>({"label", "FERRY_DEMO_LABEL", T::text, "none", {}, 0, 0, nullptr, "any text"},
+                                     &DemoSettings::label),
+      });
+  DemoSettings s = table.resolve().settings;
+  EXPECT_FALSE(s.verbose);
+  EXPECT_EQ(s.mode, DemoMode::fast);
+  EXPECT_EQ(s.limit, 1024u);
+  EXPECT_EQ(s.part, 512u);
+  EXPECT_EQ(s.label, "none");
+  set("FERRY_DEMO_VERBOSE", "yes");
+  set("FERRY_DEMO_PART", "2k");
+  set("FERRY_DEMO_LABEL", "x y");
+  DemoOptions o;
+  o.mode = "safe";
+  o.limit = 4096;
+  const auto r = table.resolve(o);
+  EXPECT_TRUE(r.settings.verbose);
+  EXPECT_EQ(r.settings.mode, DemoMode::safe);
+  EXPECT_EQ(r.settings.part, 2048u);
+  EXPECT_EQ(r.settings.label, "x y");
+  EXPECT_EQ(r.value("verbose"), "1");
+  EXPECT_EQ(r.value("limit"), "4096");
+  // part is bounded by limit, whatever limit's source.
+  set("FERRY_DEMO_PART", "8k");
+  std::optional<std::string> what = error_of([&] { (void)table.resolve(o); });
+  ASSERT_TRUE(what.has_value());
+  EXPECT_TRUE(contains(*what, "FERRY_DEMO_PART=8192 is out of range: valid values are 0 to 4096 (at most limit)")) << *what;
+  set("FERRY_DEMO_VERBOSE", "maybe");
+  what = error_of([&] { (void)table.resolve(); });
+  ASSERT_TRUE(what.has_value());
+  EXPECT_TRUE(contains(*what, "FERRY_DEMO_VERBOSE='maybe'")) << *what;
+  // ferry-info's listing reports every invalid value instead of stopping at the first.
+  std::vector<std::string> errors;
+  const auto listed = table.inspect(errors);
+  EXPECT_EQ(listed.size(), 5u);
+  EXPECT_EQ(errors.size(), 2u);
+  EXPECT_EQ(listed[0].value, "(invalid)");
+  for (const char* v : {"FERRY_DEMO_VERBOSE", "FERRY_DEMO_PART", "FERRY_DEMO_LABEL"}) ::unsetenv(v);
+}
+
+// --- The option tables ----------------------------------------------------------------------
 
 std::string upper(std::string s) {
   for (char& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
@@ -300,27 +490,43 @@ TEST(OptionTable, ListsEveryVariableOnceWithConsistentNames) {
                                           "FERRY_RECV_DESCRIPTORS", "FERRY_LOCK_MODEL",   "FERRY_COMPLETION",
                                           "FERRY_HEADER",      "FERRY_PROGRESS",     "FERRY_DEVICE_POLLING",
                                           "FERRY_FRAGMENT",    "FERRY_FRAGMENT_MAX", "FERRY_PARCEL_QUEUES"};
-  std::multiset<std::string> envs, names;
-  for (const ferry::OptionInfo& o : ferry::option_table()) {
-    ASSERT_NE(o.name, nullptr);
-    ASSERT_NE(o.env, nullptr);
-    ASSERT_NE(o.default_value, nullptr);
-    ASSERT_NE(o.help, nullptr);
-    envs.insert(o.env);
-    names.insert(o.name);
-    EXPECT_EQ(std::string(o.env), "FERRY_" + upper(o.name)) << "field and variable names disagree";
-    EXPECT_GT(std::string(o.help).size(), 10u) << o.env << " has no real help text";
+  std::multiset<std::string> envs;
+  for (const ferry::OptionInfo* o : all_options()) {
+    ASSERT_NE(o->name, nullptr);
+    ASSERT_NE(o->env, nullptr);
+    ASSERT_NE(o->default_value, nullptr);
+    ASSERT_NE(o->help, nullptr);
+    envs.insert(o->env);
+    // The variable is FERRY_ + the field's name (amt::Options::threads: FERRY_AMT_THREADS).
+    const std::string env = o->env, tail = "_" + upper(o->name);
+    EXPECT_EQ(env.rfind("FERRY_", 0), 0u) << env;
+    EXPECT_TRUE(env.size() >= tail.size() && env.compare(env.size() - tail.size(), tail.size(), tail) == 0)
+        << "field and variable names disagree: " << o->name << ", " << env;
+    EXPECT_GT(std::string(o->help).size(), 10u) << o->env << " has no real help text";
+    if (o->type == ferry::OptionType::choice) {
+      EXPECT_GE(o->names.size(), 2u) << o->env;
+    }
+    // Every default passes its own row's checks.
+    EXPECT_NO_THROW((void)ferry::detail::resolve_option(*o, o->default_value, "default", UINT64_MAX)) << o->env;
   }
   EXPECT_EQ(std::set<std::string>(envs.begin(), envs.end()), expected);
   for (const std::string& e : expected) EXPECT_EQ(envs.count(e), 1u) << e;
-  EXPECT_EQ(names.size(), std::set<std::string>(names.begin(), names.end()).size());
+}
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 // Every "FERRY_..." variable name the library's sources mention as a string literal must be
-// in the table, so ferry-info shows every knob (a new getenv without a table entry fails here).
+// in a table, so ferry-info shows every knob (a new getenv without a table entry fails here);
+// and only the resolver and the bootstrap (the launchers' own PMI, PMIx, Slurm variables)
+// read the environment.
 TEST(OptionTable, CoversEveryVariableTheSourcesRead) {
   std::set<std::string> table;
-  for (const ferry::OptionInfo& o : ferry::option_table()) table.insert(o.env);
+  for (const ferry::OptionInfo* o : all_options()) table.insert(o->env);
   const std::regex literal("\"(FERRY_[A-Z0-9_]+)\"");
   std::size_t files = 0;
   const std::filesystem::path src = std::filesystem::path(FERRY_SOURCE_DIR) / "src";
@@ -328,13 +534,14 @@ TEST(OptionTable, CoversEveryVariableTheSourcesRead) {
   for (const auto& entry : std::filesystem::recursive_directory_iterator(src)) {
     const std::string ext = entry.path().extension().string();
     if (ext != ".cpp" && ext != ".hpp") continue;
-    std::ifstream in(entry.path());
-    std::stringstream text;
-    text << in.rdbuf();
-    const std::string s = text.str();
+    const std::string s = read_text(entry.path());
     ++files;
     for (std::sregex_iterator it(s.begin(), s.end(), literal), end; it != end; ++it) {
-      EXPECT_EQ(table.count((*it)[1].str()), 1u) << (*it)[1].str() << " in " << entry.path() << " is not in option_table()";
+      EXPECT_EQ(table.count((*it)[1].str()), 1u) << (*it)[1].str() << " in " << entry.path() << " is not in a table";
+    }
+    const std::string rel = std::filesystem::relative(entry.path(), src).generic_string();
+    if (rel != "core/options.cpp" && rel.rfind("bootstrap/", 0) != 0) {
+      EXPECT_EQ(s.find("getenv("), std::string::npos) << rel << " reads the environment: add a table row instead";
     }
   }
   EXPECT_GT(files, 5u);
@@ -344,21 +551,107 @@ TEST_F(Env, ResolvedOptionsReportTheValuesInForce) {
   set("FERRY_PACKETS", "1024");
   set("FERRY_PROVIDER", "shm");
   set("FERRY_PREPOST", "128");
+  set("FERRY_PROGRESS", "thread:2");
   ferry::RuntimeOptions o;
   o.prepost = 64;  // explicit beats FERRY_PREPOST
-  const auto resolved = ferry::resolved_options(o);
-  const auto& table = ferry::option_table();
-  ASSERT_EQ(resolved.size(), table.size());
+  const auto resolved = ferry::resolve_options(o).options;
+  const auto& rows = ferry::runtime_option_table().rows();
+  ASSERT_EQ(resolved.size(), rows.size());
   std::map<std::string, std::string> value;
   for (std::size_t i = 0; i < resolved.size(); ++i) {
-    EXPECT_STREQ(resolved[i].first.env, table[i].env) << "same order as the table";
-    value[resolved[i].first.env] = resolved[i].second;
+    EXPECT_EQ(resolved[i].info, &rows[i].info) << "same order as the table";
+    value[resolved[i].info->env] = resolved[i].value;
   }
   EXPECT_EQ(value["FERRY_PACKETS"], "1024");
   EXPECT_EQ(value["FERRY_PROVIDER"], "shm");
   EXPECT_EQ(value["FERRY_PREPOST"], "64");
   EXPECT_EQ(value["FERRY_PACKET_SIZE"], "8192");  // default
   EXPECT_EQ(value["FERRY_BOOTSTRAP"], "auto");
+  EXPECT_EQ(value["FERRY_PROGRESS"], "thread:2");
+}
+
+// --- README's option table ------------------------------------------------------------------
+
+// The cells of the markdown table rows (lines starting with '|') of the README section whose
+// heading starts with `heading`.
+std::vector<std::vector<std::string>> readme_rows(const std::string& readme, const std::string& heading) {
+  std::vector<std::vector<std::string>> rows;
+  const std::size_t at = readme.find("\n## " + heading);
+  if (at == std::string::npos) return rows;
+  std::istringstream in(readme.substr(at + 1));
+  std::string line;
+  std::getline(in, line);  // the heading
+  while (std::getline(in, line) && line.rfind("## ", 0) != 0) {
+    if (line.rfind("|", 0) != 0 || line.rfind("|---", 0) == 0) continue;
+    std::vector<std::string> cells;
+    std::size_t from = 1;
+    for (std::size_t bar; (bar = line.find('|', from)) != std::string::npos; from = bar + 1) {
+      std::string cell = line.substr(from, bar - from);
+      cell.erase(0, cell.find_first_not_of(' '));
+      cell.erase(cell.find_last_not_of(' ') + 1);
+      cells.push_back(cell);
+    }
+    rows.push_back(cells);
+  }
+  return rows;
+}
+
+std::vector<std::string> backticked(const std::string& cell) {
+  std::vector<std::string> out;
+  const std::regex code("`([^`]*)`");
+  for (std::sregex_iterator it(cell.begin(), cell.end(), code), end; it != end; ++it) out.push_back((*it)[1].str());
+  return out;
+}
+
+// README's "Environment variables" table lists exactly the tables' variables with their
+// defaults; a row naming several variables without a default refers to "The design space",
+// whose value lists mark the default with "(default)".
+TEST(OptionTable, ReadmeListsEveryOptionWithItsDefault) {
+  const std::string readme = read_text(std::filesystem::path(FERRY_SOURCE_DIR) / "README.md");
+  ASSERT_FALSE(readme.empty());
+  // Variables README lists that are not library options: ferryrun's own.
+  const std::set<std::string> not_options = {"FERRY_TIMEOUT"};
+  std::map<std::string, std::string> readme_default;
+  std::set<std::string> see_design_space;
+  const auto env_rows = readme_rows(readme, "Environment variables");
+  ASSERT_GT(env_rows.size(), 1u) << "README has no Environment variables table";
+  for (std::size_t i = 1; i < env_rows.size(); ++i) {  // row 0 is the header
+    const auto& cells = env_rows[i];
+    ASSERT_GE(cells.size(), 3u) << "malformed README row";
+    const std::vector<std::string> vars = backticked(cells[0]);
+    const std::vector<std::string> def = backticked(cells[1]);
+    for (const std::string& v : vars) {
+      if (not_options.count(v)) continue;
+      EXPECT_EQ(readme_default.count(v) + see_design_space.count(v), 0u) << v << " is listed twice in README";
+      if (def.size() == 1) {
+        readme_default[v] = def[0];
+      } else {
+        EXPECT_TRUE(def.empty() && vars.size() > 1) << v << ": README gives no single default";
+        see_design_space.insert(v);
+      }
+    }
+  }
+  for (const auto& cells : readme_rows(readme, "The design space")) {
+    const std::vector<std::string> vars = backticked(cells.empty() ? "" : cells[0]);
+    if (vars.size() != 1 || !see_design_space.count(vars[0]) || cells.size() < 2) continue;
+    const std::regex marked("`([^`]*)` \\(default\\)");
+    std::smatch m;
+    if (std::regex_search(cells[1], m, marked)) readme_default[vars[0]] = m[1].str();
+  }
+  std::set<std::string> tables;
+  for (const ferry::OptionInfo* o : all_options()) {
+    tables.insert(o->env);
+    auto it = readme_default.find(o->env);
+    if (it == readme_default.end()) {
+      ADD_FAILURE() << o->env << " is in a table but not in README's Environment variables (or its default is not "
+                                 "marked in The design space)";
+      continue;
+    }
+    EXPECT_EQ(it->second, o->default_value) << o->env << ": README's default differs from the table's";
+  }
+  for (const auto& [v, d] : readme_default) {
+    EXPECT_EQ(tables.count(v), 1u) << v << " is in README but in no option table";
+  }
 }
 
 }  // namespace

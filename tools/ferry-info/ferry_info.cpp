@@ -1,15 +1,47 @@
-// ferry-info: ferry's version, the libfabric providers it can use here, and every option
-// with the value in force (from the environment or the default).
-#include <rdma/fabric.h>
-
+// ferry-info: ferry's version, the libfabric providers it can use here, and every layer's
+// options (core, parcel layer, AMT runtime) with the value in force and where it came
+// from (environment or default). Exits 1 when a value in the environment is invalid.
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
+#include <vector>
 
+#include "ferry/amt.hpp"
 #include "ferry/ferry.hpp"
-#include "core/config.hpp"
-#include "net/fabric.hpp"
+#include "ferry/parcel.hpp"
+
+namespace {
+
+std::string valid_values(const ferry::OptionInfo& info) {
+  if (info.type == ferry::OptionType::choice) {
+    std::string list;
+    for (const char* n : info.names) list += (list.empty() ? "" : ", ") + std::string(n);
+    if (list.find(":N") != std::string::npos) list += " (N: " + std::to_string(info.min) + " to " + std::to_string(info.max) + ")";
+    return list;
+  }
+  if (info.type == ferry::OptionType::size || info.type == ferry::OptionType::count) {
+    std::string range = std::to_string(info.min) + " to ";
+    range += info.max == UINT64_MAX ? std::string("any") : std::to_string(info.max);
+    if (info.max_option != nullptr) range += std::string(", at most ") + info.max_option;
+    return range;
+  }
+  return "";
+}
+
+template <class Table>
+void print_table(const Table& table, std::vector<std::string>& errors) {
+  std::printf("\n%s options (value in force; set the environment variable to change it):\n", table.layer());
+  for (const ferry::ResolvedOption& o : table.inspect(errors)) {
+    const ferry::OptionInfo& i = *o.info;
+    std::printf("  %-22s = %-10s (%s)\n      %s\n      %s", i.env, o.value.c_str(), ferry::to_string(o.source), i.help,
+                ferry::to_string(i.type));
+    const std::string valid = valid_values(i);
+    if (!valid.empty()) std::printf(": %s", valid.c_str());
+    std::printf("; default %s\n", i.default_value);
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"ferry-info: version, providers and options of this ferry installation"};
@@ -17,14 +49,13 @@ int main(int argc, char** argv) {
   app.add_flag("--probe", probe, "also open each provider and print its limits (inject size, mr mode...)");
   CLI11_PARSE(app, argc, argv);
 
-  std::printf("ferry %s (libfabric %u.%u)\n\n", ferry::version(), FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
+  std::printf("ferry %s (libfabric %s)\n\n", ferry::version(), ferry::fabric_version().c_str());
   std::printf("providers (FI_EP_RDM with messages and RMA):\n");
-  for (const auto& p : ferry::net::available_providers()) {
+  for (const auto& p : ferry::available_providers()) {
     std::printf("  %s\n", p.c_str());
     if (!probe) continue;
     try {
-      ferry::net::Fabric f(p);
-      const auto& c = f.caps();
+      const ferry::ProviderLimits c = ferry::probe_provider(p);
       std::printf("    inject %zu B, max message %zu B, cq data %zu B, tx depth %zu, mr:%s%s%s%s%s\n", c.inject_size,
                   c.max_msg_size, c.cq_data_size, c.tx_size, c.mr_local ? " local" : "",
                   c.mr_virt_addr ? " virt_addr" : " offset", c.mr_prov_key ? " prov_key" : "",
@@ -33,19 +64,11 @@ int main(int argc, char** argv) {
       std::printf("    (cannot open: %s)\n", e.what());
     }
   }
-  std::printf("\noptions (value in force; set the environment variable to change it):\n");
-  int status = 0;
-  for (const auto& [info, value] : ferry::resolved_options()) {
-    const char* env = std::getenv(info.env);
-    std::printf("  %-20s = %-10s %s\n      %s\n", info.env, value.c_str(),
-                (env != nullptr && *env != '\0') ? "(environment)" : "(default)", info.help);
-  }
   // Check the settings now, so a typo shows here rather than at the first run.
-  try {
-    (void)ferry::detail::resolve_config({});
-  } catch (const ferry::Error& e) {
-    std::fprintf(stderr, "\nferry-info: %s\n", e.what());
-    status = 1;
-  }
-  return status;
+  std::vector<std::string> errors;
+  print_table(ferry::runtime_option_table(), errors);
+  print_table(ferry::parcel::option_table(), errors);
+  print_table(ferry::amt::option_table(), errors);
+  for (const std::string& e : errors) std::fprintf(stderr, "\nferry-info: %s\n", e.c_str());
+  return errors.empty() ? 0 : 1;
 }
