@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ferry/error.hpp"
+#include "ferry/log_level.hpp"
 
 namespace ferry {
 
@@ -278,6 +279,7 @@ struct RuntimeOptions {
   std::string lock_model{};
   std::string completion{};
   std::string progress{};
+  std::string log{};  // off, error, warn, info, debug
 };
 
 enum class LockModel : std::uint8_t { lockless, trylock, block, lockq, csync, offload };
@@ -305,6 +307,7 @@ struct RuntimeSettings {
   LockModel lock_model = LockModel::lockless;
   CompletionMechanism completion = CompletionMechanism::cq;
   CountedChoice<ProgressMode> progress{};  // count: N of thread:N, else 0
+  LogLevel log = LogLevel::warn;
 };
 
 using RuntimeOptionTable = OptionTable<RuntimeOptions, RuntimeSettings>;

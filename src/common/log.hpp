@@ -31,9 +31,11 @@
 #include <optional>
 #include <string_view>
 
+#include "ferry/log_level.hpp"
+
 namespace ferry::detail {
 
-enum class LogLevel : int { off = 0, error = 1, warn = 2, info = 3, debug = 4 };
+using ferry::LogLevel;  // public: RuntimeSettings::log carries it
 
 inline constexpr std::size_t kMaxLogLine = 2048;
 

@@ -237,6 +237,9 @@ const RuntimeOptionTable& runtime_option_table() {
                   999, nullptr,
                   "who progresses: explicit, implicit, thread:N (N progress threads), steal"},
                  &O::progress, &S::progress),
+          option({"log", "FERRY_LOG", T::choice, "warn", {"off", "error", "warn", "info", "debug"}, 0, 0, nullptr,
+                  "diagnostics on stderr: off, or this level and the more severe ones: error, warn, info, debug"},
+                 &O::log, &S::log),
       });
   return table;
 }

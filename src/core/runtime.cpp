@@ -34,6 +34,7 @@ std::string choose_provider(const std::string& wanted, bootstrap::Bootstrap& boo
 }  // namespace
 
 RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_options(options)) {
+  set_log_level(config_.log);
   boot_ = bootstrap::make_bootstrap(config_.bootstrap);
   rank_ = boot_->rank();
   set_log_rank(rank_);  // lines logged without a runtime at hand name this process's rank
