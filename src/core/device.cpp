@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/lock_model.hpp"
 #include "core/runtime_impl.hpp"
 #include "core/wire.hpp"
 #include "ferry/error.hpp"
@@ -159,11 +160,10 @@ DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, net::Fabric& fabric, con
   pool_mr_ = endpoint_.register_memory(pool_->slab(), pool_->slab_bytes(), FI_SEND | FI_RECV);
   pool_desc_ = caps_.mr_local ? fi_mr_desc(pool_mr_) : nullptr;
   const LockModel model = parse_lock_model(config.lock_model);
-  if (model != LockModel::lockless) safety_ = std::make_unique<ThreadSafety>(*this, model);
+  lock_model_ = model;
 }
 
 DeviceImpl::~DeviceImpl() {
-  safety_.reset();  // an offload thread must be gone before the endpoint
   // Cancel what the provider still holds, then give the packets back so the pool can go.
   fi_cancel(&endpoint_.ep()->fid, nullptr);
   matching_.drain([](Packet* p) {
@@ -242,51 +242,70 @@ inline void DeviceImpl::check_rank(const char* call, int rank) const {
   if (__builtin_expect(rank < 0 || rank >= runtime_.size(), 0)) throw_rank(call, rank, runtime_.size());
 }
 
-void DeviceImpl::validate(const OpDesc::Args& args) {
-  std::visit(
-      [this](const auto& a) {
-        using A = std::decay_t<decltype(a)>;
-        if constexpr (std::is_same_v<A, AmArgs>) {
-          check_alive("post_am");
-          check_rank("post_am", a.rank);
-          check_buffer("post_am", "buffer", a.buffer, a.size);
-          check_tag("post_am", a.tag);
-          check_target("post_am", a.target.id);
-        } else if constexpr (std::is_same_v<A, AmIovecArgs>) {
-          check_alive("post_am_iovec");
-          check_rank("post_am_iovec", a.rank);
-          check_buffer("post_am_iovec", "eager.buffer", a.eager.buffer, a.eager.size);
-          check_tag("post_am_iovec", a.tag);
-          check_target("post_am_iovec", a.target.id);
-          for (std::size_t i = 0; i < a.parts.size(); ++i) {
-            check_buffer("post_am_iovec", ("parts[" + str(i) + "].buffer").c_str(), a.parts[i].buffer, a.parts[i].size);
-          }
-          check_iovec_fits(a);
-        } else if constexpr (std::is_same_v<A, SendArgs>) {
-          check_alive("post_send");
-          check_rank("post_send", a.rank);
-          check_buffer("post_send", "buffer", a.buffer, a.size);
-          check_tag("post_send", a.tag);
-        } else if constexpr (std::is_same_v<A, RecvArgs>) {
-          check_alive("post_recv");
-          if (a.rank != any_source) check_rank("post_recv", a.rank);
-          check_buffer("post_recv", "buffer", a.buffer, a.size);
-          if (a.tag != any_tag) check_tag("post_recv", a.tag);
-        } else if constexpr (std::is_same_v<A, PutArgs>) {
-          check_alive("post_put");
-          check_rank("post_put", a.rank);
-          check_buffer("post_put", "buffer", a.buffer, a.size);
-          check_remote("post_put", a.rank, index_, a.remote, a.offset, a.size);
-          (void)notify_data(a);
-        } else if constexpr (std::is_same_v<A, GetArgs>) {
-          check_alive("post_get");
-          check_rank("post_get", a.rank);
-          check_buffer("post_get", "buffer", a.buffer, a.size);
-          check_remote("post_get", a.rank, index_, a.remote, a.offset, a.size);
-        }
-      },
-      args);
+inline void DeviceImpl::check(const AmArgs& a) const {
+  check_alive("post_am");
+  check_rank("post_am", a.rank);
+  check_buffer("post_am", "buffer", a.buffer, a.size);
+  check_tag("post_am", a.tag);
+  check_target("post_am", a.target.id);
 }
+
+inline std::size_t DeviceImpl::check(const AmIovecArgs& a) const {
+  check_alive("post_am_iovec");
+  check_rank("post_am_iovec", a.rank);
+  check_buffer("post_am_iovec", "eager.buffer", a.eager.buffer, a.eager.size);
+  check_tag("post_am_iovec", a.tag);
+  check_target("post_am_iovec", a.target.id);
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < a.parts.size(); ++i) {
+    check_buffer("post_am_iovec", ("parts[" + str(i) + "].buffer").c_str(), a.parts[i].buffer, a.parts[i].size);
+    if (total + a.parts[i].size < total) throw Error("post_am_iovec: the parts' sizes overflow");
+    total += a.parts[i].size;
+  }
+  check_iovec_fits(a);
+  return total;
+}
+
+inline void DeviceImpl::check(const SendArgs& a) const {
+  check_alive("post_send");
+  check_rank("post_send", a.rank);
+  check_buffer("post_send", "buffer", a.buffer, a.size);
+  check_tag("post_send", a.tag);
+}
+
+inline void DeviceImpl::check(const RecvArgs& a) const {
+  check_alive("post_recv");
+  if (a.rank != any_source) check_rank("post_recv", a.rank);
+  check_buffer("post_recv", "buffer", a.buffer, a.size);
+  if (a.tag != any_tag) check_tag("post_recv", a.tag);
+}
+
+inline std::uint64_t DeviceImpl::check(const PutArgs& a) const {
+  check_alive("post_put");
+  check_rank("post_put", a.rank);
+  check_buffer("post_put", "buffer", a.buffer, a.size);
+  check_remote("post_put", a.rank, index_, a.remote, a.offset, a.size);
+  return notify_data(a);
+}
+
+inline void DeviceImpl::check(const GetArgs& a) const {
+  check_alive("post_get");
+  check_rank("post_get", a.rank);
+  check_buffer("post_get", "buffer", a.buffer, a.size);
+  check_remote("post_get", a.rank, index_, a.remote, a.offset, a.size);
+}
+
+template <class A>
+void DeviceImpl::validate(const A& args) const {
+  (void)check(args);
+}
+
+template void DeviceImpl::validate(const AmArgs&) const;
+template void DeviceImpl::validate(const AmIovecArgs&) const;
+template void DeviceImpl::validate(const SendArgs&) const;
+template void DeviceImpl::validate(const RecvArgs&) const;
+template void DeviceImpl::validate(const PutArgs&) const;
+template void DeviceImpl::validate(const GetArgs&) const;
 
 inline void DeviceImpl::check_target(const char* call, std::uint16_t id) const {
   if (__builtin_expect(id >= runtime_.max_targets(), 0)) throw_target(call, id, runtime_.max_targets());
@@ -365,11 +384,7 @@ Packet* fill_header(Packet* p, MsgKind kind, std::uint16_t target, int src, Tag 
 }  // namespace
 
 Status DeviceImpl::post_am(const AmArgs& a) {
-  check_alive("post_am");
-  check_rank("post_am", a.rank);
-  check_buffer("post_am", "buffer", a.buffer, a.size);
-  check_tag("post_am", a.tag);
-  check_target("post_am", a.target.id);
+  check(a);
   if (!backlog_clear()) return Status::make_retry(RetryReason::provider);
   if (fragmented(a.size)) return post_fragments(MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
   if (a.size > eager_limit_) {
@@ -502,10 +517,7 @@ bool DeviceImpl::post_barrier_step(int rank, std::uint32_t step) {
 }
 
 Status DeviceImpl::post_send(const SendArgs& a) {
-  check_alive("post_send");
-  check_rank("post_send", a.rank);
-  check_buffer("post_send", "buffer", a.buffer, a.size);
-  check_tag("post_send", a.tag);
+  check(a);
   if (!backlog_clear()) return Status::make_retry(RetryReason::provider);
   if (fragmented(a.size)) return post_fragments(MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
   if (a.size > eager_limit_) {
@@ -558,21 +570,7 @@ Status DeviceImpl::post_rendezvous(OpKind op, int rank, Tag tag, std::uint16_t t
 }
 
 Status DeviceImpl::post_am_iovec(const AmIovecArgs& a) {
-  check_alive("post_am_iovec");
-  check_rank("post_am_iovec", a.rank);
-  check_buffer("post_am_iovec", "eager.buffer", a.eager.buffer, a.eager.size);
-  check_tag("post_am_iovec", a.tag);
-  if (a.target.id >= runtime_.max_targets()) {
-    throw Error("post_am_iovec: target=" + std::to_string(a.target.id) + " is out of range; FERRY_MAX_TARGETS=" +
-                str(runtime_.max_targets()));
-  }
-  std::size_t total = 0;
-  for (std::size_t i = 0; i < a.parts.size(); ++i) {
-    check_buffer("post_am_iovec", ("parts[" + str(i) + "].buffer").c_str(), a.parts[i].buffer, a.parts[i].size);
-    if (total + a.parts[i].size < total) throw Error("post_am_iovec: the parts' sizes overflow");
-    total += a.parts[i].size;
-  }
-  check_iovec_fits(a);
+  const std::size_t total = check(a);
   const std::size_t need = kHeader + sizeof(RtsBody) + a.eager.size + a.parts.size() * sizeof(RtsPart);
   Packet* p = pool_->get();
   if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
@@ -619,10 +617,7 @@ Status DeviceImpl::post_am_iovec(const AmIovecArgs& a) {
 // ---- receiving ---------------------------------------------------------------------------
 
 Status DeviceImpl::post_recv(const RecvArgs& a) {
-  check_alive("post_recv");
-  if (a.rank != any_source) check_rank("post_recv", a.rank);
-  check_buffer("post_recv", "buffer", a.buffer, a.size);
-  if (a.tag != any_tag) check_tag("post_recv", a.tag);
+  check(a);
   const RecvSpec spec{a.buffer, a.size, a.local, a.context};
   const auto res = matching_.add_recv(a.rank, a.tag, [&]() -> Packet* {
     Packet* r = recv_descriptors_->get();
@@ -1214,20 +1209,13 @@ void DeviceImpl::check_iovec_fits(const AmIovecArgs& a) const {
 }
 
 Status DeviceImpl::post_put(const PutArgs& a) {
-  check_alive("post_put");
-  check_rank("post_put", a.rank);
-  check_buffer("post_put", "buffer", a.buffer, a.size);
-  check_remote("post_put", a.rank, index_, a.remote, a.offset, a.size);
-  const std::uint64_t data = notify_data(a);
+  const std::uint64_t data = check(a);
   return post_rma(*this, RmaRequest{OpKind::put, a.rank, static_cast<unsigned char*>(const_cast<void*>(a.buffer)), a.size,
                                     a.remote, a.offset, a.local, a.context, a.notify, data});
 }
 
 Status DeviceImpl::post_get(const GetArgs& a) {
-  check_alive("post_get");
-  check_rank("post_get", a.rank);
-  check_buffer("post_get", "buffer", a.buffer, a.size);
-  check_remote("post_get", a.rank, index_, a.remote, a.offset, a.size);
+  check(a);
   if (a.size == 0) return Status::make_done();
   return post_rma(*this, RmaRequest{OpKind::get, a.rank, static_cast<unsigned char*>(a.buffer), a.size, a.remote, a.offset,
                                     a.local, a.context, false, 0});
@@ -1412,17 +1400,10 @@ bool DeviceImpl::progress() {
   return any;
 }
 
-std::size_t DeviceImpl::drain(double seconds) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  auto busy = [this] {
-    return (safety_ ? safety_->queued() : 0) + open_ops_.load(std::memory_order_relaxed) +
-           (credits_max_ - static_cast<std::size_t>(credits_.load(std::memory_order_relaxed))) +
-           deferred_count_.load(std::memory_order_relaxed) + backlog_count_.load(std::memory_order_relaxed);
-  };
-  while (busy() != 0 && std::chrono::steady_clock::now() < deadline) {
-    if (safety_ != nullptr) safety_->progress(); else progress();
-  }
-  return busy();
+std::size_t DeviceImpl::in_flight() const noexcept {
+  return open_ops_.load(std::memory_order_relaxed) +
+         (credits_max_ - static_cast<std::size_t>(credits_.load(std::memory_order_relaxed))) +
+         deferred_count_.load(std::memory_order_relaxed) + backlog_count_.load(std::memory_order_relaxed);
 }
 
 }  // namespace ferry::detail
