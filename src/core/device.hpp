@@ -136,26 +136,24 @@ class DeviceImpl {
   // A post's first step: false (answer retry) while earlier fragments wait in the backlog.
   bool backlog_clear() { return backlog_count_.load(std::memory_order_acquire) == 0 || flush_backlog(); }
   void on_fragment(Packet* p, std::size_t length);
-  // A whole eager packet (received in one piece or reassembled): p->length is set.
+  // A whole message in its packet (received in one piece or reassembled): arrived.length is set.
   void on_packet(Packet* p);
+  // A message reassembled past a packet's size: p holds its header (kind am or msg), `heap`
+  // its `size` payload bytes.
+  void on_heap_message(Packet* p, unsigned char* heap, std::size_t size);
+  void match_message(Packet* p, MsgKind kind);
   Status post_rendezvous(OpKind op, int rank, Tag tag, std::uint16_t target, const void* buffer,
                          std::size_t size, CompletionObject* local, void* context);
   void on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src);
   void on_notification(const fi_cq_data_entry& e, std::uint64_t src);
   void on_error(const fi_cq_err_entry& e);
-  // What a receive wants: from post_recv directly, or from its queued descriptor.
-  struct RecvSpec {
-    void* buffer;
-    std::size_t size;
-    CompletionObject* local;
-    void* context;
-  };
-  void deliver_message(const RecvSpec& recv, Packet* message);
+  // `recv`: what a receive wants, from post_recv directly or from its queued descriptor.
+  void deliver_message(const RecvDescriptor& recv, Packet* message);
   // An eager message packet's payload (after its header, or its heap block) and its release.
   static const unsigned char* message_payload(Packet* m) noexcept;
   static std::size_t message_size(const Packet* m) noexcept;
   void release_message(Packet* m) noexcept;
-  void start_rendezvous_recv(Packet* rts, const RecvSpec* recv);
+  void start_rendezvous_recv(Packet* rts, const RecvDescriptor* recv);
   void repost();
   void run_deferred();
 
@@ -197,9 +195,9 @@ class DeviceImpl {
   // Rendezvous and RMA records not yet finished (teardown waits for zero). Relaxed: a count.
   std::atomic<std::size_t> open_ops_{0};
   std::atomic<bool> finalized_{false};
-  // Fragmented messages: ids, and the tails the provider refused (a FIFO of packets linked by
-  // Packet::next under backlog_lock_: flushers only try it, a post that queues a tail holds it
-  // for three stores). backlog_count_ is the fast check on every post. It changes only under
+  // Fragmented messages: ids, and the tails the provider refused (a FIFO of packets in their
+  // `backlog` view, linked by Packet::next under backlog_lock_: flushers only try it, a post
+  // that queues a tail holds it for three stores). backlog_count_ is the fast check on every post. It changes only under
   // backlog_lock_, so whenever the lock is free it equals the number of queued tails, and the
   // thread that queued a tail reads nonzero until that tail has gone. Release on the
   // decrement after a tail's last piece and acquire in the check put that piece before any
