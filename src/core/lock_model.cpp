@@ -93,14 +93,15 @@ Completion completion_of(const GetArgs& a, const Status&) {
   return c;
 }
 
-// Eager payloads are copied into the descriptor when it is made, so the caller gets the
-// `done` the direct call would give and may reuse its buffer at once. Returns whether the
-// caller is told `done`.
+// Copies `size` bytes into the descriptor and returns where they now are.
 const void* keep(OpDesc& d, const void* buffer, std::size_t size) {
   const auto* p = static_cast<const unsigned char*>(buffer);
   d.copy.assign(p, p + size);
   return d.copy.data();
 }
+// Eager payloads are copied into the descriptor when it is made, so the caller gets the
+// `done` the direct call would give and may reuse its buffer at once. Returns whether the
+// caller is told `done`.
 bool keep_eager(const DeviceImpl& dev, OpDesc& d, AmArgs& a) {
   if (a.size > dev.eager_limit()) return false;
   a.buffer = keep(d, a.buffer, a.size);
