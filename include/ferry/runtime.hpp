@@ -24,6 +24,7 @@ namespace ferry {
 namespace detail {
 class RuntimeImpl;
 class DeviceImpl;
+class LockModelImpl;
 struct RegionImpl;
 }  // namespace detail
 
@@ -159,8 +160,11 @@ class Device {
 
  private:
   friend class detail::RuntimeImpl;
-  explicit Device(detail::DeviceImpl* impl) noexcept : impl_(impl) {}
+  Device(detail::DeviceImpl* impl, detail::LockModelImpl* lock_model) noexcept : impl_(impl), lock_model_(lock_model) {}
   detail::DeviceImpl* impl_;
+  // The lock model in force (FERRY_LOCK_MODEL), or null for lockless: calls then go straight
+  // to impl_. Both are owned by the runtime.
+  detail::LockModelImpl* lock_model_;
 };
 
 // RAII registration of a remote target id; unregisters on destruction.

@@ -158,21 +158,20 @@ DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, net::Fabric& fabric, con
   // The packet slab is registered once; the descriptor matters only under FI_MR_LOCAL.
   pool_mr_ = endpoint_.register_memory(pool_->slab(), pool_->slab_bytes(), FI_SEND | FI_RECV);
   pool_desc_ = caps_.mr_local ? fi_mr_desc(pool_mr_) : nullptr;
-  const LockModel model = config.lock_model;
-  if (model != LockModel::lockless) safety_ = std::make_unique<ThreadSafety>(*this, model);
+  lock_model_ = config.lock_model;
 }
 
 DeviceImpl::~DeviceImpl() {
-  safety_.reset();  // an offload thread must be gone before the endpoint
   // Cancel what the provider still holds, then give the packets back so the pool can go.
   fi_cancel(&endpoint_.ep()->fid, nullptr);
-  matching_.drain([](Packet* p) {
-    if (p->heap_payload) std::free(p->buffer);
-    p->pool->put_shared(p);
-  });
+  matching_.drain([](Packet* r) { r->pool->put_shared(r); },
+                  [](Packet* m) {
+                    std::free(m->arrived.heap);
+                    m->pool->put_shared(m);
+                  });
   for (Partial& m : partials_) std::free(m.heap);
   for (Packet* p = backlog_head_; p != nullptr; p = p->next) {
-    if (p->buffer != p->data()) std::free(p->buffer);
+    if (p->backlog.frame != p->data()) std::free(p->backlog.frame);
   }
   net::close_mr(pool_mr_);
   // endpoint_ closes in its destructor before pool_ frees the slab (declaration order).
@@ -242,51 +241,70 @@ inline void DeviceImpl::check_rank(const char* call, int rank) const {
   if (__builtin_expect(rank < 0 || rank >= runtime_.size(), 0)) throw_rank(call, rank, runtime_.size());
 }
 
-void DeviceImpl::validate(const OpDesc::Args& args) {
-  std::visit(
-      [this](const auto& a) {
-        using A = std::decay_t<decltype(a)>;
-        if constexpr (std::is_same_v<A, AmArgs>) {
-          check_alive("post_am");
-          check_rank("post_am", a.rank);
-          check_buffer("post_am", "buffer", a.buffer, a.size);
-          check_tag("post_am", a.tag);
-          check_target("post_am", a.target.id);
-        } else if constexpr (std::is_same_v<A, AmIovecArgs>) {
-          check_alive("post_am_iovec");
-          check_rank("post_am_iovec", a.rank);
-          check_buffer("post_am_iovec", "eager.buffer", a.eager.buffer, a.eager.size);
-          check_tag("post_am_iovec", a.tag);
-          check_target("post_am_iovec", a.target.id);
-          for (std::size_t i = 0; i < a.parts.size(); ++i) {
-            check_buffer("post_am_iovec", ("parts[" + str(i) + "].buffer").c_str(), a.parts[i].buffer, a.parts[i].size);
-          }
-          check_iovec_fits(a);
-        } else if constexpr (std::is_same_v<A, SendArgs>) {
-          check_alive("post_send");
-          check_rank("post_send", a.rank);
-          check_buffer("post_send", "buffer", a.buffer, a.size);
-          check_tag("post_send", a.tag);
-        } else if constexpr (std::is_same_v<A, RecvArgs>) {
-          check_alive("post_recv");
-          if (a.rank != any_source) check_rank("post_recv", a.rank);
-          check_buffer("post_recv", "buffer", a.buffer, a.size);
-          if (a.tag != any_tag) check_tag("post_recv", a.tag);
-        } else if constexpr (std::is_same_v<A, PutArgs>) {
-          check_alive("post_put");
-          check_rank("post_put", a.rank);
-          check_buffer("post_put", "buffer", a.buffer, a.size);
-          check_remote("post_put", a.rank, index_, a.remote, a.offset, a.size);
-          (void)notify_data(a);
-        } else if constexpr (std::is_same_v<A, GetArgs>) {
-          check_alive("post_get");
-          check_rank("post_get", a.rank);
-          check_buffer("post_get", "buffer", a.buffer, a.size);
-          check_remote("post_get", a.rank, index_, a.remote, a.offset, a.size);
-        }
-      },
-      args);
+inline void DeviceImpl::check(const AmArgs& a) const {
+  check_alive("post_am");
+  check_rank("post_am", a.rank);
+  check_buffer("post_am", "buffer", a.buffer, a.size);
+  check_tag("post_am", a.tag);
+  check_target("post_am", a.target.id);
 }
+
+inline std::size_t DeviceImpl::check(const AmIovecArgs& a) const {
+  check_alive("post_am_iovec");
+  check_rank("post_am_iovec", a.rank);
+  check_buffer("post_am_iovec", "eager.buffer", a.eager.buffer, a.eager.size);
+  check_tag("post_am_iovec", a.tag);
+  check_target("post_am_iovec", a.target.id);
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < a.parts.size(); ++i) {
+    check_buffer("post_am_iovec", ("parts[" + str(i) + "].buffer").c_str(), a.parts[i].buffer, a.parts[i].size);
+    if (total + a.parts[i].size < total) throw Error("post_am_iovec: the parts' sizes overflow");
+    total += a.parts[i].size;
+  }
+  check_iovec_fits(a);
+  return total;
+}
+
+inline void DeviceImpl::check(const SendArgs& a) const {
+  check_alive("post_send");
+  check_rank("post_send", a.rank);
+  check_buffer("post_send", "buffer", a.buffer, a.size);
+  check_tag("post_send", a.tag);
+}
+
+inline void DeviceImpl::check(const RecvArgs& a) const {
+  check_alive("post_recv");
+  if (a.rank != any_source) check_rank("post_recv", a.rank);
+  check_buffer("post_recv", "buffer", a.buffer, a.size);
+  if (a.tag != any_tag) check_tag("post_recv", a.tag);
+}
+
+inline std::uint64_t DeviceImpl::check(const PutArgs& a) const {
+  check_alive("post_put");
+  check_rank("post_put", a.rank);
+  check_buffer("post_put", "buffer", a.buffer, a.size);
+  check_remote("post_put", a.rank, index_, a.remote, a.offset, a.size);
+  return notify_data(a);
+}
+
+inline void DeviceImpl::check(const GetArgs& a) const {
+  check_alive("post_get");
+  check_rank("post_get", a.rank);
+  check_buffer("post_get", "buffer", a.buffer, a.size);
+  check_remote("post_get", a.rank, index_, a.remote, a.offset, a.size);
+}
+
+template <class A>
+void DeviceImpl::validate(const A& args) const {
+  (void)check(args);
+}
+
+template void DeviceImpl::validate(const AmArgs&) const;
+template void DeviceImpl::validate(const AmIovecArgs&) const;
+template void DeviceImpl::validate(const SendArgs&) const;
+template void DeviceImpl::validate(const RecvArgs&) const;
+template void DeviceImpl::validate(const PutArgs&) const;
+template void DeviceImpl::validate(const GetArgs&) const;
 
 inline void DeviceImpl::check_target(const char* call, std::uint16_t id) const {
   if (__builtin_expect(id >= runtime_.max_targets(), 0)) throw_target(call, id, runtime_.max_targets());
@@ -345,7 +363,7 @@ Status DeviceImpl::send_packet(Packet* p, int rank, std::size_t length) {
     pool_->put(p);
     return Status::make_retry(RetryReason::send_queue);
   }
-  p->rank = rank;  // for the error report, should the send fail later
+  p->send.rank = rank;
   p->ctx.set_kind(CtxKind::send_packet);  // release: after every field the completion reads
   const ssize_t rc = fi_send(ep, p->data(), length, pool_desc_, static_cast<fi_addr_t>(rank), &p->ctx.fi);
   if (rc == 0) return Status::make_done();
@@ -365,11 +383,7 @@ Packet* fill_header(Packet* p, MsgKind kind, std::uint16_t target, int src, Tag 
 }  // namespace
 
 Status DeviceImpl::post_am(const AmArgs& a) {
-  check_alive("post_am");
-  check_rank("post_am", a.rank);
-  check_buffer("post_am", "buffer", a.buffer, a.size);
-  check_tag("post_am", a.tag);
-  check_target("post_am", a.target.id);
+  check(a);
   if (!backlog_clear()) return Status::make_retry(RetryReason::provider);
   if (fragmented(a.size)) return post_fragments(MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
   if (a.size > eager_limit_) {
@@ -437,13 +451,9 @@ Status DeviceImpl::post_fragments(MsgKind kind, std::uint16_t target, Tag tag, i
         throw Error("post: cannot allocate " + str(size - off) + " bytes for a message's pieces the provider refused");
       }
     }
-    spare->buffer = d;
     std::memcpy(d, frame, kHeader);
     std::memcpy(d + kFragmentHeader, src + off, size - off);
-    spare->rank = rank;
-    spare->size = size;                                    // the message's payload bytes
-    spare->length = static_cast<std::uint32_t>(size - off);  // bytes in the backlog packet
-    spare->tag = 0;                                        // of those, bytes sent
+    spare->backlog = BacklogTail{d, rank, static_cast<std::uint32_t>(size), static_cast<std::uint32_t>(size - off), 0};
     spare->next = nullptr;
     {
       // Counted under the lock, with the link: counted after the unlock, a flusher's decrement
@@ -465,15 +475,14 @@ bool DeviceImpl::flush_backlog() {
   std::unique_lock<SpinLock> guard(backlog_lock_, std::try_to_lock);
   if (!guard.owns_lock()) return false;
   fid_ep* ep = endpoint_.ep();
-  while (Packet* p = backlog_head_) {
-    auto* d = static_cast<unsigned char*>(p->buffer);
-    const std::size_t base = p->size - p->length;  // message offset of the packet's first byte
-    while (p->tag < p->length) {
-      const std::size_t sent = p->tag;
-      const std::size_t n = std::min(fragment_payload_, static_cast<std::size_t>(p->length) - sent);
-      unsigned char* piece = d + sent;  // its bytes start at piece + kFragmentHeader
-      if (sent != 0) std::memcpy(piece, d, kHeader);  // sent >= fragment_payload_ > kHeader: no overlap
-      encode(piece + kHeader, FragBody{static_cast<std::uint32_t>(base + sent), static_cast<std::uint32_t>(p->size)});
+  while (Packet* packet = backlog_head_) {
+    BacklogTail* p = &packet->backlog;
+    unsigned char* d = p->frame;
+    while (p->remaining() != 0) {
+      const std::size_t n = std::min<std::size_t>(fragment_payload_, p->remaining());
+      unsigned char* piece = d + p->sent;  // its bytes start at piece + kFragmentHeader
+      if (p->sent != 0) std::memcpy(piece, d, kHeader);  // sent >= fragment_payload_ > kHeader: no overlap
+      encode(piece + kHeader, FragBody{p->offset(), p->size});
       const ssize_t rc = fi_inject(ep, piece, kFragmentHeader + n, static_cast<fi_addr_t>(p->rank));
       if (rc == -FI_EAGAIN) return false;
       if (rc != 0) {
@@ -482,12 +491,12 @@ bool DeviceImpl::flush_backlog() {
                      static_cast<std::size_t>(p->size), p->rank, net::fi_error("fi_inject", rc).c_str());
         break;
       }
-      p->tag = static_cast<std::uint32_t>(sent + n);
+      p->sent += static_cast<std::uint32_t>(n);
     }
-    backlog_head_ = p->next;
+    backlog_head_ = packet->next;
     if (backlog_head_ == nullptr) backlog_tail_ = nullptr;
-    if (d != p->data()) std::free(d);
-    pool_->put(p);
+    if (d != packet->data()) std::free(d);
+    pool_->put(packet);
     backlog_count_.fetch_sub(1, std::memory_order_release);
   }
   return true;
@@ -501,10 +510,7 @@ bool DeviceImpl::post_barrier_step(int rank, std::uint32_t step) {
 }
 
 Status DeviceImpl::post_send(const SendArgs& a) {
-  check_alive("post_send");
-  check_rank("post_send", a.rank);
-  check_buffer("post_send", "buffer", a.buffer, a.size);
-  check_tag("post_send", a.tag);
+  check(a);
   if (!backlog_clear()) return Status::make_retry(RetryReason::provider);
   if (fragmented(a.size)) return post_fragments(MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
   if (a.size > eager_limit_) {
@@ -557,21 +563,7 @@ Status DeviceImpl::post_rendezvous(OpKind op, int rank, Tag tag, std::uint16_t t
 }
 
 Status DeviceImpl::post_am_iovec(const AmIovecArgs& a) {
-  check_alive("post_am_iovec");
-  check_rank("post_am_iovec", a.rank);
-  check_buffer("post_am_iovec", "eager.buffer", a.eager.buffer, a.eager.size);
-  check_tag("post_am_iovec", a.tag);
-  if (a.target.id >= runtime_.max_targets()) {
-    throw Error("post_am_iovec: target=" + std::to_string(a.target.id) + " is out of range; FERRY_MAX_TARGETS=" +
-                str(runtime_.max_targets()));
-  }
-  std::size_t total = 0;
-  for (std::size_t i = 0; i < a.parts.size(); ++i) {
-    check_buffer("post_am_iovec", ("parts[" + str(i) + "].buffer").c_str(), a.parts[i].buffer, a.parts[i].size);
-    if (total + a.parts[i].size < total) throw Error("post_am_iovec: the parts' sizes overflow");
-    total += a.parts[i].size;
-  }
-  check_iovec_fits(a);
+  const std::size_t total = check(a);
   const std::size_t need = kHeader + sizeof(RtsBody) + a.eager.size + a.parts.size() * sizeof(RtsPart);
   Packet* p = pool_->get();
   if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
@@ -618,21 +610,11 @@ Status DeviceImpl::post_am_iovec(const AmIovecArgs& a) {
 // ---- receiving ---------------------------------------------------------------------------
 
 Status DeviceImpl::post_recv(const RecvArgs& a) {
-  check_alive("post_recv");
-  if (a.rank != any_source) check_rank("post_recv", a.rank);
-  check_buffer("post_recv", "buffer", a.buffer, a.size);
-  if (a.tag != any_tag) check_tag("post_recv", a.tag);
-  const RecvSpec spec{a.buffer, a.size, a.local, a.context};
+  check(a);
+  const RecvDescriptor spec{{a.rank, a.tag}, a.buffer, a.size, a.local, a.context};
   const auto res = matching_.add_recv(a.rank, a.tag, [&]() -> Packet* {
     Packet* r = recv_descriptors_->get();
-    if (r != nullptr) {
-      r->rank = a.rank;
-      r->tag = a.tag;
-      r->buffer = a.buffer;
-      r->size = a.size;
-      r->local = a.local;
-      r->context = a.context;
-    }
+    if (r != nullptr) r->recv = spec;
     return r;
   });
   Packet* m = res.message;
@@ -660,7 +642,7 @@ Status DeviceImpl::post_recv(const RecvArgs& a) {
 }
 
 // Copies an eager message into a matched receive and signals it. Consumes the message.
-void DeviceImpl::deliver_message(const RecvSpec& recv, Packet* message) {
+void DeviceImpl::deliver_message(const RecvDescriptor& recv, Packet* message) {
   const auto h = decode<WireHeader>(message->data());
   const std::size_t have = message_size(message);
   Completion c;
@@ -676,18 +658,15 @@ void DeviceImpl::deliver_message(const RecvSpec& recv, Packet* message) {
 }
 
 const unsigned char* DeviceImpl::message_payload(Packet* m) noexcept {
-  return m->heap_payload ? static_cast<const unsigned char*>(m->buffer) : m->data() + kHeader;
+  return m->arrived.heap != nullptr ? m->arrived.heap : m->data() + kHeader;
 }
 
 std::size_t DeviceImpl::message_size(const Packet* m) noexcept {
-  return m->heap_payload ? m->size : m->length - kHeader;
+  return m->arrived.heap != nullptr ? m->arrived.heap_size : m->arrived.length - kHeader;
 }
 
 void DeviceImpl::release_message(Packet* m) noexcept {
-  if (m->heap_payload) {
-    std::free(m->buffer);
-    m->heap_payload = false;
-  }
+  if (m->arrived.heap != nullptr) std::free(m->arrived.heap);
   pool_->put(m);
 }
 
@@ -787,7 +766,7 @@ static void finish_recv_op(DeviceImpl& dev, RecvOp* op) {
 
 // Starts reading the message an RTS announces. `recv` is the matched user receive (rts_msg)
 // or null (rts_am, rts_iovec). Consumes the RTS packet. Called by progress or by post_recv.
-void DeviceImpl::start_rendezvous_recv(Packet* rts, const RecvSpec* recv) {
+void DeviceImpl::start_rendezvous_recv(Packet* rts, const RecvDescriptor* recv) {
   const auto h = decode<WireHeader>(rts->data());
   const auto body = decode<RtsBody>(rts->data() + kHeader);
   auto* op = new RecvOp{};
@@ -877,7 +856,7 @@ void DeviceImpl::on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src
     pool_->put(p);
     return;
   }
-  p->length = static_cast<std::uint32_t>(e.len);
+  p->arrived.length = static_cast<std::uint32_t>(e.len);
   if (p->data()[0] == static_cast<std::uint8_t>(MsgKind::frag)) {
     on_fragment(p, e.len);
     return;
@@ -910,13 +889,10 @@ void DeviceImpl::on_fragment(Packet* p, std::size_t length) {
     m = partials_.back();
     partials_.pop_back();
     if (heap != nullptr) {
-      whole->length = static_cast<std::uint32_t>(kHeader);
-      whole->heap_payload = true;
-      whole->buffer = heap;
-      whole->size = f.total;
-    } else {
-      whole->length = static_cast<std::uint32_t>(kHeader + f.total);
+      on_heap_message(whole, heap, f.total);
+      return;
     }
+    whole->arrived.length = static_cast<std::uint32_t>(kHeader + f.total);
     on_packet(whole);
     return;
   }
@@ -938,11 +914,38 @@ void DeviceImpl::on_fragment(Packet* p, std::size_t length) {
   std::memmove(d + kHeader + f.offset, d + kFragmentHeader, n);
   encode(d, WireHeader{kind, 0, h.target, h.src, h.tag, 0});
   if (n == f.total) {
-    p->length = static_cast<std::uint32_t>(kHeader + n);
+    p->arrived.length = static_cast<std::uint32_t>(kHeader + n);
     on_packet(p);
     return;
   }
   partials_.push_back(Partial{h.src, h.aux, p, nullptr, static_cast<std::uint32_t>(n)});
+}
+
+// A tagged message (msg or rts_msg, its arrived.from set) meets its receive, or waits in the
+// matching engine for one.
+inline void DeviceImpl::match_message(Packet* p, MsgKind kind) {
+  Packet* r = matching_.add_message(p);
+  if (r == nullptr) return;  // unexpected: the packet waits in the matching engine
+  const RecvDescriptor spec = r->recv;
+  recv_descriptors_->put(r);
+  if (kind == MsgKind::msg) deliver_message(spec, p); else start_rendezvous_recv(p, &spec);
+}
+
+void DeviceImpl::on_heap_message(Packet* p, unsigned char* heap, std::size_t size) {
+  const auto h = decode<WireHeader>(p->data());
+  if (h.kind == MsgKind::am) {
+    Completion c;
+    c.op = OpKind::remote_am;
+    c.rank = h.src;
+    c.tag = h.tag;
+    c.size = size;
+    c.buffer = Buffer(heap, size, &release_malloc, nullptr);
+    pool_->put(p);
+    runtime_.deliver(h.target, std::move(c));
+    return;
+  }
+  p->arrived = ArrivedMessage{static_cast<std::uint32_t>(kHeader), MatchKey{h.src, h.tag}, heap, size};
+  match_message(p, MsgKind::msg);
 }
 
 void DeviceImpl::on_packet(Packet* p) {
@@ -953,15 +956,7 @@ void DeviceImpl::on_packet(Packet* p) {
       c.op = OpKind::remote_am;
       c.rank = h.src;
       c.tag = h.tag;
-      if (__builtin_expect(p->heap_payload, 0)) {  // reassembled past a packet's size
-        c.size = p->size;
-        c.buffer = Buffer(p->buffer, c.size, &release_malloc, nullptr);
-        p->heap_payload = false;
-        pool_->put(p);
-        runtime_.deliver(h.target, std::move(c));
-        return;
-      }
-      c.size = p->length - kHeader;
+      c.size = p->arrived.length - kHeader;
       c.buffer = Buffer(p->data() + kHeader, c.size, &release_am_payload, pool_.get());
       // A delivered payload keeps its packet until the application drops it. When the
       // application holds so many that the pool could not refill the posted receives, the
@@ -973,16 +968,11 @@ void DeviceImpl::on_packet(Packet* p) {
       return;
     }
     case MsgKind::msg:
-    case MsgKind::rts_msg: {
-      p->rank = h.src;
-      p->tag = h.tag;
-      Packet* r = matching_.add_message(p);
-      if (r == nullptr) return;  // unexpected: the packet waits in the matching engine
-      const RecvSpec spec{r->buffer, r->size, r->local, r->context};
-      recv_descriptors_->put(r);
-      if (h.kind == MsgKind::msg) deliver_message(spec, p); else start_rendezvous_recv(p, &spec);
+    case MsgKind::rts_msg:
+      p->arrived.from = MatchKey{h.src, h.tag};
+      p->arrived.heap = nullptr;  // the payload, if any, follows the header
+      match_message(p, h.kind);
       return;
-    }
     case MsgKind::rts_am:
     case MsgKind::rts_iovec:
       start_rendezvous_recv(p, nullptr);
@@ -1136,12 +1126,7 @@ static Status post_rma(DeviceImpl& dev, const RmaRequest& r) {
       dev.pool().put(p);
       return Status::make_retry(RetryReason::send_queue);
     }
-    p->op = r.op;
-    p->rank = r.rank;
-    p->size = r.size;
-    p->local = r.local_comp;
-    p->context = r.context;
-    p->mr = mr;
+    p->rma = RmaSingle{r.op, r.rank, r.size, r.local_comp, r.context, mr};
     p->ctx.set_kind(CtxKind::rma_single);  // release: after every field the completion reads
     void* desc = mr != nullptr ? fi_mr_desc(mr) : nullptr;
     ssize_t rc;
@@ -1211,20 +1196,13 @@ void DeviceImpl::check_iovec_fits(const AmIovecArgs& a) const {
 }
 
 Status DeviceImpl::post_put(const PutArgs& a) {
-  check_alive("post_put");
-  check_rank("post_put", a.rank);
-  check_buffer("post_put", "buffer", a.buffer, a.size);
-  check_remote("post_put", a.rank, index_, a.remote, a.offset, a.size);
-  const std::uint64_t data = notify_data(a);
+  const std::uint64_t data = check(a);
   return post_rma(*this, RmaRequest{OpKind::put, a.rank, static_cast<unsigned char*>(const_cast<void*>(a.buffer)), a.size,
                                     a.remote, a.offset, a.local, a.context, a.notify, data});
 }
 
 Status DeviceImpl::post_get(const GetArgs& a) {
-  check_alive("post_get");
-  check_rank("post_get", a.rank);
-  check_buffer("post_get", "buffer", a.buffer, a.size);
-  check_remote("post_get", a.rank, index_, a.remote, a.offset, a.size);
+  check(a);
   if (a.size == 0) return Status::make_done();
   return post_rma(*this, RmaRequest{OpKind::get, a.rank, static_cast<unsigned char*>(a.buffer), a.size, a.remote, a.offset,
                                     a.local, a.context, false, 0});
@@ -1281,26 +1259,27 @@ void DeviceImpl::on_error(const fi_cq_err_entry& e) {
     }
     case CtxKind::send_packet: {
       // An eager send already returned done: the caller cannot be told, so say it loudly.
-      auto* p = reinterpret_cast<Packet*>(ctx);
+      auto* packet = reinterpret_cast<Packet*>(ctx);
+      const EagerSend* p = &packet->send;
       return_credit();
       FERRY_LOG_AT(error, runtime_.rank(), index_, "a send to rank %d failed: %s", p->rank,
                    fi_strerror(static_cast<int>(e.err)));
-      pool_->put(p);
+      pool_->put(packet);
       return;
     }
     case CtxKind::rma_single: {
       auto* p = reinterpret_cast<Packet*>(ctx);
+      const RmaSingle op = p->rma;
       return_credit();
-      net::close_mr(static_cast<fid_mr*>(p->mr));
+      net::close_mr(op.mr);
       Completion c;
-      c.op = p->op;
-      c.rank = p->rank;
-      c.size = p->size;
-      c.context = p->context;
+      c.op = op.op;
+      c.rank = op.rank;
+      c.size = op.size;
+      c.context = op.context;
       c.error = err;
-      CompletionObject* local = p->local;
       pool_->put(p);
-      signal_local(local, std::move(c));
+      signal_local(op.local, std::move(c));
       return;
     }
     case CtxKind::rma_chunk: {
@@ -1359,16 +1338,16 @@ bool DeviceImpl::progress() {
           break;
         case CtxKind::rma_single: {
           auto* p = reinterpret_cast<Packet*>(ctx);
+          const RmaSingle op = p->rma;
           return_credit();
-          net::close_mr(static_cast<fid_mr*>(p->mr));
+          net::close_mr(op.mr);
           Completion c;
-          c.op = p->op;
-          c.rank = p->rank;
-          c.size = p->size;
-          c.context = p->context;
-          CompletionObject* local = p->local;
+          c.op = op.op;
+          c.rank = op.rank;
+          c.size = op.size;
+          c.context = op.context;
           pool_->put(p);
-          signal_local(local, std::move(c));
+          signal_local(op.local, std::move(c));
           break;
         }
         case CtxKind::rma_chunk: {
@@ -1407,17 +1386,10 @@ bool DeviceImpl::progress() {
   return any;
 }
 
-std::size_t DeviceImpl::drain(double seconds) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  auto busy = [this] {
-    return (safety_ ? safety_->queued() : 0) + open_ops_.load(std::memory_order_relaxed) +
-           (credits_max_ - static_cast<std::size_t>(credits_.load(std::memory_order_relaxed))) +
-           deferred_count_.load(std::memory_order_relaxed) + backlog_count_.load(std::memory_order_relaxed);
-  };
-  while (busy() != 0 && std::chrono::steady_clock::now() < deadline) {
-    if (safety_ != nullptr) safety_->progress(); else progress();
-  }
-  return busy();
+std::size_t DeviceImpl::in_flight() const noexcept {
+  return open_ops_.load(std::memory_order_relaxed) +
+         (credits_max_ - static_cast<std::size_t>(credits_.load(std::memory_order_relaxed))) +
+         deferred_count_.load(std::memory_order_relaxed) + backlog_count_.load(std::memory_order_relaxed);
 }
 
 }  // namespace ferry::detail

@@ -31,7 +31,6 @@
 #include <vector>
 
 #include "core/config.hpp"
-#include "core/lock_model.hpp"
 #include "core/matching.hpp"
 #include "core/packet_pool.hpp"
 #include "common/spinlock.hpp"
@@ -45,6 +44,7 @@ struct fi_cq_err_entry;
 namespace ferry::detail {
 
 class RuntimeImpl;
+using ferry::LockModel;  // public (options.hpp, via core/config.hpp): the device keeps its own
 struct SendOp;
 struct RecvOp;
 struct RmaOp;
@@ -77,12 +77,15 @@ class DeviceImpl {
   bool progress();
   MemoryRegion register_memory(void* data, std::size_t size);
 
-  // The lock model (FERRY_LOCK_MODEL): null for lockless, whose calls go straight here.
-  ThreadSafety* safety() noexcept { return safety_.get(); }
-  const ThreadSafety* safety() const noexcept { return safety_.get(); }
-  // The argument checks of each post, without performing it (lockq/csync/offload check
-  // before they defer). Throws ferry::Error like the post would.
-  void validate(const OpDesc::Args& args);
+  // The lock model this device is configured for (FERRY_LOCK_MODEL). The runtime puts a
+  // LockModelImpl in front of the device for every model but lockless; the device itself
+  // never sees it.
+  LockModel lock_model() const noexcept { return lock_model_; }
+  // The argument checks of a post (A: AmArgs, AmIovecArgs, SendArgs, RecvArgs, PutArgs or
+  // GetArgs), without performing it: a lock model that defers a post checks it first. Throws
+  // ferry::Error like the post would.
+  template <class A>
+  void validate(const A& args) const;
 
   int index() const noexcept { return index_; }
   // Fragmented messages count as eager: sent at once, in order, never a rendezvous.
@@ -91,9 +94,9 @@ class DeviceImpl {
   const net::Caps& caps() const noexcept { return caps_; }
   net::Endpoint& endpoint() noexcept { return endpoint_; }
 
-  // Teardown: progress until this device's own operations are complete or `seconds` pass.
-  // Returns the number still in flight.
-  std::size_t drain(double seconds);
+  // Teardown: this device's own operations not yet complete (open rendezvous and RMA records,
+  // sends awaiting their completion, deferred steps, backlog tails); exact when quiescent.
+  std::size_t in_flight() const noexcept;
   void mark_finalized() noexcept { finalized_.store(true, std::memory_order_relaxed); }
 
   // Used by the protocol records (device.cpp).
@@ -111,6 +114,14 @@ class DeviceImpl {
   Status send_packet(Packet* p, int rank, std::size_t length);
 
  private:
+  // The checks of each post, inline on its fast path (validate runs the same ones). The
+  // iovec check returns the zero-copy parts' total, the put check the notification data.
+  void check(const AmArgs& a) const;
+  std::size_t check(const AmIovecArgs& a) const;
+  void check(const SendArgs& a) const;
+  void check(const RecvArgs& a) const;
+  std::uint64_t check(const PutArgs& a) const;
+  void check(const GetArgs& a) const;
   void check_alive(const char* call) const;
   void check_rank(const char* call, int rank) const;
   void check_target(const char* call, std::uint16_t id) const;
@@ -125,26 +136,24 @@ class DeviceImpl {
   // A post's first step: false (answer retry) while earlier fragments wait in the backlog.
   bool backlog_clear() { return backlog_count_.load(std::memory_order_acquire) == 0 || flush_backlog(); }
   void on_fragment(Packet* p, std::size_t length);
-  // A whole eager packet (received in one piece or reassembled): p->length is set.
+  // A whole message in its packet (received in one piece or reassembled): arrived.length is set.
   void on_packet(Packet* p);
+  // A message reassembled past a packet's size: p holds its header (kind am or msg), `heap`
+  // its `size` payload bytes.
+  void on_heap_message(Packet* p, unsigned char* heap, std::size_t size);
+  void match_message(Packet* p, MsgKind kind);
   Status post_rendezvous(OpKind op, int rank, Tag tag, std::uint16_t target, const void* buffer,
                          std::size_t size, CompletionObject* local, void* context);
   void on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src);
   void on_notification(const fi_cq_data_entry& e, std::uint64_t src);
   void on_error(const fi_cq_err_entry& e);
-  // What a receive wants: from post_recv directly, or from its queued descriptor.
-  struct RecvSpec {
-    void* buffer;
-    std::size_t size;
-    CompletionObject* local;
-    void* context;
-  };
-  void deliver_message(const RecvSpec& recv, Packet* message);
+  // `recv`: what a receive wants, from post_recv directly or from its queued descriptor.
+  void deliver_message(const RecvDescriptor& recv, Packet* message);
   // An eager message packet's payload (after its header, or its heap block) and its release.
   static const unsigned char* message_payload(Packet* m) noexcept;
   static std::size_t message_size(const Packet* m) noexcept;
   void release_message(Packet* m) noexcept;
-  void start_rendezvous_recv(Packet* rts, const RecvSpec* recv);
+  void start_rendezvous_recv(Packet* rts, const RecvDescriptor* recv);
   void repost();
   void run_deferred();
 
@@ -152,6 +161,7 @@ class DeviceImpl {
   const int index_;
   const net::Caps& caps_;
   const Config& config_;
+  LockModel lock_model_;
   std::unique_ptr<PacketPool> pool_;
   // Descriptors of receives that wait for their message: a pool of their own, so posting a
   // receive never competes with the packets that carry (and hold) arriving messages.
@@ -185,9 +195,9 @@ class DeviceImpl {
   // Rendezvous and RMA records not yet finished (teardown waits for zero). Relaxed: a count.
   std::atomic<std::size_t> open_ops_{0};
   std::atomic<bool> finalized_{false};
-  // Fragmented messages: ids, and the tails the provider refused (a FIFO of packets linked by
-  // Packet::next under backlog_lock_: flushers only try it, a post that queues a tail holds it
-  // for three stores). backlog_count_ is the fast check on every post. It changes only under
+  // Fragmented messages: ids, and the tails the provider refused (a FIFO of packets in their
+  // `backlog` view, linked by Packet::next under backlog_lock_: flushers only try it, a post
+  // that queues a tail holds it for three stores). backlog_count_ is the fast check on every post. It changes only under
   // backlog_lock_, so whenever the lock is free it equals the number of queued tails, and the
   // thread that queued a tail reads nonzero until that tail has gone. Release on the
   // decrement after a tail's last piece and acquire in the check put that piece before any
@@ -201,8 +211,6 @@ class DeviceImpl {
   std::mutex deferred_mutex_;  // large-message path only; progress takes it with try_lock
   std::vector<std::function<bool()>> deferred_;
   std::atomic<std::size_t> deferred_count_{0};
-  // Last: destroyed first, so an offload thread stops before the endpoint closes.
-  std::unique_ptr<ThreadSafety> safety_;
 };
 // credits_ (taken and returned by every sending thread) starts a line of its own.
 static_assert(alignof(DeviceImpl) == cache_line);

@@ -13,44 +13,134 @@
 
 namespace ferry::detail {
 
+// ---- what the lock model knows of each operation ------------------------------------------
+//
+// Every post reaches the lock model with its static type (LockModelImpl::post<A>), so each
+// per-operation rule below is an overload chosen at compile time. Only a deferred descriptor
+// has lost its type: execute_deferred is the one visitor of OpDesc::Args.
+
+namespace {
+
+Status perform(DeviceImpl& d, const AmArgs& a) { return d.post_am(a); }
+Status perform(DeviceImpl& d, const AmIovecArgs& a) { return d.post_am_iovec(a); }
+Status perform(DeviceImpl& d, const SendArgs& a) { return d.post_send(a); }
+Status perform(DeviceImpl& d, const RecvArgs& a) { return d.post_recv(a); }
+Status perform(DeviceImpl& d, const PutArgs& a) { return d.post_put(a); }
+Status perform(DeviceImpl& d, const GetArgs& a) { return d.post_get(a); }
+
+// What a deferred operation that finished at once reports to its local completion object.
+Completion completion_of(const AmArgs& a, const Status&) {
+  Completion c;
+  c.op = OpKind::am, c.rank = a.rank, c.tag = a.tag, c.size = a.size, c.context = a.context;
+  return c;
+}
+Completion completion_of(const AmIovecArgs& a, const Status&) {
+  Completion c;
+  c.op = OpKind::am, c.rank = a.rank, c.tag = a.tag, c.context = a.context;
+  return c;
+}
+Completion completion_of(const SendArgs& a, const Status&) {
+  Completion c;
+  c.op = OpKind::send, c.rank = a.rank, c.tag = a.tag, c.size = a.size, c.context = a.context;
+  return c;
+}
+Completion completion_of(const RecvArgs& a, const Status& s) {
+  Completion c;
+  c.op = OpKind::recv, c.rank = s.rank, c.tag = s.tag, c.size = s.size, c.context = a.context;
+  return c;
+}
+Completion completion_of(const PutArgs& a, const Status&) {
+  Completion c;
+  c.op = OpKind::put, c.rank = a.rank, c.size = a.size, c.context = a.context;
+  return c;
+}
+Completion completion_of(const GetArgs& a, const Status&) {
+  Completion c;
+  c.op = OpKind::get, c.rank = a.rank, c.size = a.size, c.context = a.context;
+  return c;
+}
+
+// Copies `size` bytes into the descriptor and returns where they now are.
+const void* keep(OpDesc& d, const void* buffer, std::size_t size) {
+  const auto* p = static_cast<const unsigned char*>(buffer);
+  d.copy.assign(p, p + size);
+  return d.copy.data();
+}
+// Eager payloads are copied into the descriptor when it is made, so the caller gets the
+// `done` the direct call would give and may reuse its buffer at once. Returns whether the
+// caller is told `done`.
+bool keep_eager(const DeviceImpl& dev, OpDesc& d, AmArgs& a) {
+  if (a.size > dev.eager_limit()) return false;
+  a.buffer = keep(d, a.buffer, a.size);
+  return true;
+}
+bool keep_eager(const DeviceImpl& dev, OpDesc& d, SendArgs& a) {
+  if (a.size > dev.eager_limit()) return false;
+  a.buffer = keep(d, a.buffer, a.size);
+  return true;
+}
+bool keep_eager(const DeviceImpl&, OpDesc& d, AmIovecArgs& a) {
+  a.eager.buffer = keep(d, a.eager.buffer, a.eager.size);  // the parts stay the caller's
+  return false;
+}
+bool keep_eager(const DeviceImpl& dev, OpDesc& d, PutArgs& a) {
+  if (a.notify || a.size > dev.caps().inject_size) return false;
+  a.buffer = keep(d, a.buffer, a.size);
+  return true;
+}
+bool keep_eager(const DeviceImpl&, OpDesc&, RecvArgs&) { return false; }
+bool keep_eager(const DeviceImpl&, OpDesc&, GetArgs&) { return false; }
+
+}  // namespace
+
 // ---- csync nodes ---------------------------------------------------------------------------
 
-// One announced call. The announcing thread owns `req` (on its stack) until `wait` drops;
-// the combiner writes result/error, then completed (release), then wait (release); the owner
-// reads them after seeing wait == false (acquire).
-struct ThreadSafety::Node {
-  std::atomic<Node*> next{nullptr};
+// One announced call. The announcing thread owns `args` (on its stack) until `wait` drops;
+// the combiner runs `call`, which writes result or progressed, then writes error, completed
+// (release) and wait (release); the owner reads them after seeing wait == false (acquire).
+struct CsyncNode {
+  std::atomic<CsyncNode*> next{nullptr};
   std::atomic<bool> wait{false};
   std::atomic<bool> completed{false};
-  const OpDesc::Args* req = nullptr;
+  void (*call)(DeviceImpl&, CsyncNode&) = nullptr;
+  const void* args = nullptr;  // what call reads: an AmArgs, SendArgs, ... (null for progress)
   Status result{};
+  bool progressed = false;
   std::exception_ptr error;
 };
 
 namespace {
 
+template <class A>
+void announced_post(DeviceImpl& dev, CsyncNode& n) {
+  n.result = perform(dev, *static_cast<const A*>(n.args));
+}
+
+void announced_progress(DeviceImpl& dev, CsyncNode& n) { n.progressed = dev.progress(); }
+
 std::atomic<std::uint64_t> next_generation{1};
 
-// Each thread keeps one spare node per ThreadSafety (keyed by generation, never by address,
+// Each thread keeps one spare node per LockModelImpl (keyed by generation, never by address,
 // so a node of a destroyed device is never reused). Nodes change hands in CC-Synch: the node a
 // thread announces in becomes the spare of that thread, the spare goes into the list.
 struct Spare {
   std::uint64_t generation;
-  void* node;
+  CsyncNode* node;
 };
 thread_local std::vector<Spare> tls_spares;
 
 std::mutex all_nodes_mutex;
-std::vector<std::pair<std::uint64_t, void*>> all_nodes;  // for deletion with their device
+std::vector<std::pair<std::uint64_t, CsyncNode*>> all_nodes;  // for deletion with their device
 
 }  // namespace
 
-// ---- ThreadSafety ------------------------------------------------------------------------------
+// ---- LockModelImpl ---------------------------------------------------------------------------
 
-ThreadSafety::ThreadSafety(DeviceImpl& device, LockModel model)
+LockModelImpl::LockModelImpl(DeviceImpl& device, LockModel model)
     : dev_(device), model_(model), generation_(next_generation.fetch_add(1, std::memory_order_relaxed)) {
+  if (model_ == LockModel::lockless) throw Error("LockModelImpl: lockless calls the device directly, without a lock model");
   if (model_ == LockModel::csync) {
-    auto* dummy = new Node;
+    auto* dummy = new CsyncNode;
     {
       std::lock_guard<std::mutex> g(all_nodes_mutex);
       all_nodes.emplace_back(generation_, dummy);
@@ -60,13 +150,13 @@ ThreadSafety::ThreadSafety(DeviceImpl& device, LockModel model)
   if (model_ == LockModel::offload) offload_ = std::thread([this] { offload_loop(); });
 }
 
-ThreadSafety::~ThreadSafety() {
+LockModelImpl::~LockModelImpl() {
   stop();
   while (OpDesc* d = (stuck_ != nullptr ? std::exchange(stuck_, nullptr) : queue_.pop())) delete d;
   std::lock_guard<std::mutex> g(all_nodes_mutex);
   for (auto it = all_nodes.begin(); it != all_nodes.end();) {
     if (it->first == generation_) {
-      delete static_cast<Node*>(it->second);
+      delete it->second;
       it = all_nodes.erase(it);
     } else {
       ++it;
@@ -74,97 +164,39 @@ ThreadSafety::~ThreadSafety() {
   }
 }
 
-void ThreadSafety::stop() {
+void LockModelImpl::stop() {
   if (offload_.joinable()) {
     stop_.store(true, std::memory_order_release);
     offload_.join();
   }
 }
 
-Status ThreadSafety::execute(const OpDesc::Args& args) {
+Status LockModelImpl::execute_deferred(OpDesc* d) {
   return std::visit(
-      [this](const auto& a) -> Status {
-        using A = std::decay_t<decltype(a)>;
-        if constexpr (std::is_same_v<A, std::monostate>) {
-          Status s;
-          s.size = dev_.progress() ? 1 : 0;  // a progress call: "did something" rides in size
-          return s;
-        } else if constexpr (std::is_same_v<A, AmArgs>) {
-          return dev_.post_am(a);
-        } else if constexpr (std::is_same_v<A, AmIovecArgs>) {
-          return dev_.post_am_iovec(a);
-        } else if constexpr (std::is_same_v<A, SendArgs>) {
-          return dev_.post_send(a);
-        } else if constexpr (std::is_same_v<A, RecvArgs>) {
-          return dev_.post_recv(a);
-        } else if constexpr (std::is_same_v<A, PutArgs>) {
-          return dev_.post_put(a);
-        } else {
-          return dev_.post_get(a);
+      [this, d](const auto& a) -> Status {
+        Status s;
+        try {
+          s = perform(dev_, a);
+        } catch (const std::exception& e) {
+          // Arguments were validated before deferring, so this is the provider failing.
+          FERRY_LOG_AT(error, log_rank(), dev_.index(), "a deferred operation failed: %s", e.what());
+          Completion c = completion_of(a, s);
+          c.error = -FI_EIO;
+          CompletionObject* local = a.local;
+          const bool told_done = d->returned_done;
+          delete d;
+          if (local != nullptr && !told_done) local->signal(std::move(c));
+          return Status::make_done();
         }
+        if (s.is_retry()) return s;
+        if (s.is_done() && !d->returned_done && a.local != nullptr) a.local->signal(completion_of(a, s));
+        delete d;
+        return s;
       },
-      args);
+      d->args);
 }
 
-namespace {
-
-// What a deferred operation that finished at once reports to its local completion object.
-Completion completion_of(const OpDesc::Args& args, const Status& s, CompletionObject** local) {
-  Completion c;
-  std::visit(
-      [&](const auto& a) {
-        using A = std::decay_t<decltype(a)>;
-        if constexpr (!std::is_same_v<A, std::monostate>) {
-          *local = a.local;
-          c.context = a.context;
-          c.rank = a.rank;
-          if constexpr (std::is_same_v<A, AmArgs>) {
-            c.op = OpKind::am, c.tag = a.tag, c.size = a.size;
-          } else if constexpr (std::is_same_v<A, AmIovecArgs>) {
-            c.op = OpKind::am, c.tag = a.tag;
-          } else if constexpr (std::is_same_v<A, SendArgs>) {
-            c.op = OpKind::send, c.tag = a.tag, c.size = a.size;
-          } else if constexpr (std::is_same_v<A, RecvArgs>) {
-            c.op = OpKind::recv, c.rank = s.rank, c.tag = s.tag, c.size = s.size;
-          } else if constexpr (std::is_same_v<A, PutArgs>) {
-            c.op = OpKind::put, c.size = a.size;
-          } else {
-            c.op = OpKind::get, c.size = a.size;
-          }
-        }
-      },
-      args);
-  return c;
-}
-
-}  // namespace
-
-Status ThreadSafety::execute_deferred(OpDesc* d) {
-  Status s;
-  try {
-    s = execute(d->args);
-  } catch (const std::exception& e) {
-    // Arguments were validated before deferring, so this is the provider failing.
-    FERRY_LOG_AT(error, log_rank(), dev_.index(), "a deferred operation failed: %s", e.what());
-    CompletionObject* local = nullptr;
-    Completion c = completion_of(d->args, s, &local);
-    c.error = -FI_EIO;
-    const bool told_done = d->returned_done;
-    delete d;
-    if (local != nullptr && !told_done) local->signal(std::move(c));
-    return Status::make_done();
-  }
-  if (s.is_retry()) return s;
-  if (s.is_done() && !d->returned_done) {
-    CompletionObject* local = nullptr;
-    Completion c = completion_of(d->args, s, &local);
-    if (local != nullptr) local->signal(std::move(c));
-  }
-  delete d;
-  return s;
-}
-
-void ThreadSafety::note_batch(std::uint64_t n) noexcept {
+void LockModelImpl::note_batch(std::uint64_t n) noexcept {
   if (n == 0) return;
   combined_.fetch_add(n, std::memory_order_relaxed);
   std::uint64_t seen = max_batch_.load(std::memory_order_relaxed);
@@ -172,11 +204,11 @@ void ThreadSafety::note_batch(std::uint64_t n) noexcept {
   }
 }
 
-bool ThreadSafety::combine() {
+bool LockModelImpl::combine() {
   bool any = false;
   std::uint64_t batch = 0;
   struct Note {
-    ThreadSafety* t;
+    LockModelImpl* t;
     std::uint64_t* n;
     ~Note() { t->note_batch(*n); }
   } note{this, &batch};
@@ -195,33 +227,10 @@ bool ThreadSafety::combine() {
   return any;
 }
 
-Status ThreadSafety::defer(OpDesc::Args&& args) {
+template <class A>
+Status LockModelImpl::defer(const A& args) {
   auto* d = new OpDesc;
-  d->args = std::move(args);
-  // Eager payloads are copied now, so the caller gets the `done` the direct call would give.
-  auto keep = [d](const void* buffer, std::size_t size) -> const void* {
-    const auto* p = static_cast<const unsigned char*>(buffer);
-    d->copy.assign(p, p + size);
-    return d->copy.data();
-  };
-  std::visit(
-      [&](auto& a) {
-        using A = std::decay_t<decltype(a)>;
-        if constexpr (std::is_same_v<A, AmArgs> || std::is_same_v<A, SendArgs>) {
-          if (a.size <= dev_.eager_limit()) {
-            a.buffer = keep(a.buffer, a.size);
-            d->returned_done = true;
-          }
-        } else if constexpr (std::is_same_v<A, AmIovecArgs>) {
-          a.eager.buffer = keep(a.eager.buffer, a.eager.size);  // the parts stay the caller's
-        } else if constexpr (std::is_same_v<A, PutArgs>) {
-          if (!a.notify && a.size <= dev_.caps().inject_size) {
-            a.buffer = keep(a.buffer, a.size);
-            d->returned_done = true;
-          }
-        }
-      },
-      d->args);
+  d->returned_done = keep_eager(dev_, *d, d->args.template emplace<A>(args));
   const bool done = d->returned_done;
   queued_.fetch_add(1, std::memory_order_relaxed);  // a statistic for teardown: relaxed
   deferred_.fetch_add(1, std::memory_order_relaxed);
@@ -229,42 +238,48 @@ Status ThreadSafety::defer(OpDesc::Args&& args) {
   return done ? Status::make_done() : Status::make_posted();
 }
 
-Status ThreadSafety::post(OpDesc::Args&& args) {
+template <class A>
+Status LockModelImpl::post(const A& args) {
   switch (model_) {
-    case LockModel::lockless:
-      return execute(args);
     case LockModel::trylock: {
       if (!try_lock_.try_lock()) return Status::make_retry(RetryReason::lock);
       std::lock_guard<SpinLock> g(try_lock_, std::adopt_lock);
-      return execute(args);
+      return perform(dev_, args);
     }
     case LockModel::block: {
       std::lock_guard<std::mutex> g(block_);
-      return execute(args);
+      return perform(dev_, args);
     }
     case LockModel::lockq: {
       dev_.validate(args);
-      if (!try_lock_.try_lock()) return defer(std::move(args));
+      if (!try_lock_.try_lock()) return defer(args);
       std::lock_guard<SpinLock> g(try_lock_, std::adopt_lock);
       combine();
       // Older descriptors still waiting go first: this call queues behind them.
-      if (stuck_ != nullptr || queued_.load(std::memory_order_relaxed) != 0) return defer(std::move(args));
-      return execute(args);
+      if (stuck_ != nullptr || queued_.load(std::memory_order_relaxed) != 0) return defer(args);
+      return perform(dev_, args);
     }
     case LockModel::csync:
       dev_.validate(args);
-      return csync(args, nullptr);
+      return csync(&announced_post<A>, &args).status;
     case LockModel::offload:
       dev_.validate(args);
-      return defer(std::move(args));
+      return defer(args);
+    case LockModel::lockless:
+      break;  // never wrapped: the constructor refuses it
   }
-  return Status::make_retry(RetryReason::lock);
+  __builtin_unreachable();
 }
 
-bool ThreadSafety::progress() {
+template Status LockModelImpl::post(const AmArgs&);
+template Status LockModelImpl::post(const AmIovecArgs&);
+template Status LockModelImpl::post(const SendArgs&);
+template Status LockModelImpl::post(const RecvArgs&);
+template Status LockModelImpl::post(const PutArgs&);
+template Status LockModelImpl::post(const GetArgs&);
+
+bool LockModelImpl::progress() {
   switch (model_) {
-    case LockModel::lockless:
-      return dev_.progress();
     case LockModel::trylock: {
       if (!try_lock_.try_lock()) return false;
       std::lock_guard<SpinLock> g(try_lock_, std::adopt_lock);
@@ -286,32 +301,31 @@ bool ThreadSafety::progress() {
       }
       return false;
     }
-    case LockModel::csync: {
-      bool progressed = false;
-      (void)csync(OpDesc::Args{}, &progressed);
-      return progressed;
-    }
+    case LockModel::csync:
+      return csync(&announced_progress, nullptr).progressed;
     case LockModel::offload:
       // The communication thread progresses; a caller spinning here gives it the core.
       std::this_thread::yield();
       return false;
+    case LockModel::lockless:
+      break;  // never wrapped: the constructor refuses it
   }
-  return false;
+  __builtin_unreachable();
 }
 
-Status ThreadSafety::csync(const OpDesc::Args& args, bool* progressed) {
+LockModelImpl::Outcome LockModelImpl::csync(void (*call)(DeviceImpl&, CsyncNode&), const void* args) {
   // This thread's spare node for this device.
-  Node* mine = nullptr;
+  CsyncNode* mine = nullptr;
   Spare* slot = nullptr;
   for (auto& s : tls_spares) {
     if (s.generation == generation_) {
       slot = &s;
-      mine = static_cast<Node*>(s.node);
+      mine = s.node;
       break;
     }
   }
   if (mine == nullptr) {
-    mine = new Node;
+    mine = new CsyncNode;
     {
       std::lock_guard<std::mutex> g(all_nodes_mutex);
       all_nodes.emplace_back(generation_, mine);
@@ -324,8 +338,9 @@ Status ThreadSafety::csync(const OpDesc::Args& args, bool* progressed) {
   mine->completed.store(false, std::memory_order_relaxed);
   // acq_rel: publishes the reset node to the next announcer, and receives the node the
   // previous announcer prepared.
-  Node* cur = tail_.exchange(mine, std::memory_order_acq_rel);
-  cur->req = &args;
+  CsyncNode* cur = tail_.exchange(mine, std::memory_order_acq_rel);
+  cur->call = call;
+  cur->args = args;
   cur->error = nullptr;
   cur->next.store(mine, std::memory_order_release);  // announces the request to the combiner
   slot->node = cur;                                   // the announced node becomes the spare
@@ -339,13 +354,13 @@ Status ThreadSafety::csync(const OpDesc::Args& args, bool* progressed) {
   }
   if (!cur->completed.load(std::memory_order_acquire)) {
     // This thread is the combiner: serve announced requests in order, its own first.
-    Node* tmp = cur;
+    CsyncNode* tmp = cur;
     std::uint64_t served = 0;
     for (int n = 0; n < kMaxCombine; ++n, ++served) {
-      Node* next = tmp->next.load(std::memory_order_acquire);
+      CsyncNode* next = tmp->next.load(std::memory_order_acquire);
       if (next == nullptr) break;  // tmp is the tail: its request is not announced yet
       try {
-        tmp->result = execute(*tmp->req);
+        tmp->call(dev_, *tmp);
       } catch (...) {
         tmp->error = std::current_exception();
       }
@@ -357,11 +372,10 @@ Status ThreadSafety::csync(const OpDesc::Args& args, bool* progressed) {
     if (served > 1) note_batch(served - 1);  // calls of other threads
   }
   if (cur->error) std::rethrow_exception(cur->error);
-  if (progressed != nullptr) *progressed = cur->result.size != 0;
-  return cur->result;
+  return {cur->result, cur->progressed};
 }
 
-void ThreadSafety::offload_loop() {
+void LockModelImpl::offload_loop() {
   int idle = 0;
   for (;;) {
     const bool combined = combine();

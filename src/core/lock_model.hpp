@@ -1,6 +1,7 @@
 // lock_model.hpp — how threads share one device (FERRY_LOCK_MODEL; [Combining], [AMT-LCI] §5.3).
 //
-//   lockless  the device's own fine-grained synchronisation only (the default; no wrapper)
+//   lockless  the device's own fine-grained synchronisation only (the default): no
+//             LockModelImpl exists, the public Device handle calls the device directly
 //   trylock   one coarse try-lock around every call; a post that finds it taken returns
 //             retry(lock), a progress that finds it taken returns false
 //   block     one coarse blocking lock around every call (the MPI-like baseline)
@@ -21,6 +22,12 @@
 // when performed (a receive or rendezvous keeps using the caller's buffer until then).
 // Arguments are validated before a post is deferred, so bad input still throws ferry::Error
 // in the caller.
+//
+// Ownership: the runtime owns each device's DeviceImpl and, for every model but lockless, a
+// LockModelImpl next to it, destroyed first (an offload thread stops before the endpoint
+// closes). The public Device handle holds both pointers and sends each call through the lock
+// model when there is one, so the lockless path pays one predictable branch. The lock model
+// knows the device (lock_model.cpp includes device.hpp); the device never sees its lock model.
 #pragma once
 
 #include <atomic>
@@ -44,27 +51,32 @@ class DeviceImpl;
 
 using ferry::LockModel;  // public (options.hpp): RuntimeSettings holds it, resolved from FERRY_LOCK_MODEL
 
-// One post or a progress call, as data.
+// One deferred post, as data (lockq on contention, offload always).
 struct OpDesc {
-  using Args = std::variant<std::monostate, AmArgs, AmIovecArgs, SendArgs, RecvArgs, PutArgs, GetArgs>;
-  Args args;  // monostate: a progress call
+  using Args = std::variant<AmArgs, AmIovecArgs, SendArgs, RecvArgs, PutArgs, GetArgs>;
+  Args args;
   std::vector<unsigned char> copy;  // an eager payload (and an iovec's eager part), owned
   bool returned_done = false;       // the caller was told `done`: signal nothing later
   std::atomic<OpDesc*> next{nullptr};
 };
 
-class ThreadSafety {
+// One announced call of csync (lock_model.cpp).
+struct CsyncNode;
+
+class LockModelImpl {
  public:
   static constexpr int kMaxCombine = 64;
 
-  ThreadSafety(DeviceImpl& device, LockModel model);
-  ~ThreadSafety();
-  ThreadSafety(const ThreadSafety&) = delete;
-  ThreadSafety& operator=(const ThreadSafety&) = delete;
+  // `model` is any but lockless. The device must outlive this object.
+  LockModelImpl(DeviceImpl& device, LockModel model);
+  ~LockModelImpl();
+  LockModelImpl(const LockModelImpl&) = delete;
+  LockModelImpl& operator=(const LockModelImpl&) = delete;
 
   LockModel model() const noexcept { return model_; }
-  // For every model but lockless (the device calls itself directly then).
-  Status post(OpDesc::Args&& args);
+  // A post of one of the six argument types of OpDesc::Args (instantiated in lock_model.cpp).
+  template <class A>
+  Status post(const A& args);
   bool progress();
   // Teardown: stops the offload thread after it drained what was queued.
   void stop();
@@ -78,11 +90,16 @@ class ThreadSafety {
   std::size_t queued() const noexcept { return queued_.load(std::memory_order_relaxed); }
 
  private:
-  Status execute(const OpDesc::Args& args);     // runs one call on the device (lock held)
-  Status execute_deferred(OpDesc* d);           // ... and signals its completion if it finished at once
-  bool combine();                               // lock held: run queued descriptors, in order
-  Status defer(OpDesc::Args&& args);
-  Status csync(const OpDesc::Args& args, bool* progressed);
+  // What a csync node's call did.
+  struct Outcome {
+    Status status;
+    bool progressed;
+  };
+  Status execute_deferred(OpDesc* d);  // lock held: runs a descriptor, signals it if it finished at once
+  bool combine();                      // lock held: run queued descriptors, in order
+  template <class A>
+  Status defer(const A& args);
+  Outcome csync(void (*call)(DeviceImpl&, CsyncNode&), const void* args);
   void offload_loop();
 
   DeviceImpl& dev_;
@@ -97,8 +114,7 @@ class ThreadSafety {
   void note_batch(std::uint64_t n) noexcept;
 
   // csync: the announce list.
-  struct Node;
-  std::atomic<Node*> tail_{nullptr};
+  std::atomic<CsyncNode*> tail_{nullptr};
   std::uint64_t generation_;
 
   std::thread offload_;

@@ -1,9 +1,10 @@
 // matching.hpp — pairs posted receives with arriving tagged messages (send/recv).
 //
 // Contract
-//  - Entries are Packets: a posted receive is a packet holding the receive's descriptor
-//    (rank or any_source, tag or any_tag, buffer, size); an unexpected message is the packet
-//    it arrived in, with its sender and tag copied into rank/tag.
+//  - Entries are Packets: a posted receive is a packet whose `recv` view holds the receive's
+//    descriptor (want: rank or any_source, tag or any_tag; buffer, size); an unexpected
+//    message is the packet it arrived in, its sender and tag in its `arrived.from`. The
+//    engine reads the `recv` view of its receives only, `arrived` of its messages only.
 //  - add_recv(rank, tag, make) returns the oldest unexpected message the receive matches
 //    (removing it); only when none matches does it call make() for a descriptor and queue it,
 //    so a receive of a message that is already here needs no descriptor at all. (A receive
@@ -33,12 +34,12 @@ class MatchingEngine {
     Packet* message;  // the matched unexpected message, or null
     Packet* queued;   // the descriptor now waiting, or null
   };
-  // make() returns a descriptor with rank and tag set, or null when none is free; it runs
+  // make() returns a descriptor with recv.want set, or null when none is free; it runs
   // under the lock, so it must be short and non-blocking (a lock-free pool get).
   template <class Make>
   RecvResult add_recv(int rank, Tag tag, Make&& make) noexcept {
     std::lock_guard<SpinLock> guard(lock_);
-    if (Packet* m = take(messages_, [&](const Packet* p) { return tags_match(rank, tag, p->rank, p->tag); })) {
+    if (Packet* m = take(messages_, [&](const Packet* p) { return tags_match(rank, tag, p->arrived.from.rank, p->arrived.from.tag); })) {
       return {m, nullptr};
     }
     Packet* r = make();
@@ -48,31 +49,26 @@ class MatchingEngine {
 
   // The same with a ready descriptor (tests, and callers that already hold one).
   Packet* add_recv(Packet* recv) noexcept {
-    const RecvResult res = add_recv(recv->rank, recv->tag, [recv] { return recv; });
+    const RecvResult res = add_recv(recv->recv.want.rank, recv->recv.want.tag, [recv] { return recv; });
     return res.message;
   }
 
   Packet* add_message(Packet* message) noexcept {
     std::lock_guard<SpinLock> guard(lock_);
-    if (Packet* r = take(recvs_, [&](const Packet* p) { return tags_match(p->rank, p->tag, message->rank, message->tag); })) {
+    const MatchKey from = message->arrived.from;
+    if (Packet* r = take(recvs_, [&](const Packet* p) { return tags_match(p->recv.want.rank, p->recv.want.tag, from.rank, from.tag); })) {
       return r;
     }
     append(messages_, message);
     return nullptr;
   }
 
-  // Empties both lists into `out` (teardown).
-  template <class F>
-  void drain(F&& out) noexcept {
+  // Empties both lists (teardown): each receive into recv_out, each message into message_out.
+  template <class R, class M>
+  void drain(R&& recv_out, M&& message_out) noexcept {
     std::lock_guard<SpinLock> guard(lock_);
-    for (List* l : {&recvs_, &messages_}) {
-      for (Packet* p = l->head; p != nullptr;) {
-        Packet* next = p->next;
-        out(p);
-        p = next;
-      }
-      *l = List{};
-    }
+    empty(recvs_, recv_out);
+    empty(messages_, message_out);
   }
 
  private:
@@ -96,6 +92,16 @@ class MatchingEngine {
       return p;
     }
     return nullptr;
+  }
+
+  template <class F>
+  static void empty(List& l, F& out) noexcept {
+    for (Packet* p = l.head; p != nullptr;) {
+      Packet* next = p->next;
+      out(p);
+      p = next;
+    }
+    l = List{};
   }
 
   SpinLock lock_;

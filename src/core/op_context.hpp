@@ -16,9 +16,9 @@
 namespace ferry::detail {
 
 enum class CtxKind : std::uint8_t {
-  recv_packet,    // a pre-posted receive
-  send_packet,    // an eager send or control message; return the packet when done
-  rma_single,     // a one-chunk put/get whose state lives in its packet
+  recv_packet,    // a pre-posted receive; its packet's `arrived` view is valid from the completion
+  send_packet,    // an eager send or control message (packet view `send`); return the packet when done
+  rma_single,     // a one-chunk put/get whose state lives in its packet (view `rma`)
   rma_chunk,      // one chunk of a multi-chunk put/get (RmaOp)
   rdv_read,       // one chunk of a rendezvous read (RecvOp)
 };

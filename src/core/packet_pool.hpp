@@ -15,13 +15,12 @@
 //    invalidated by a generation number, never dereferenced.
 #pragma once
 
-#include <cstddef>
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <cstddef>
-
-#include <atomic>
+#include <type_traits>
 
 #include "common/cache_line.hpp"
 #include "core/op_context.hpp"
@@ -31,30 +30,93 @@ namespace ferry::detail {
 
 class PacketPool;
 
-// The metadata in front of each packet's payload. The payload starts at data(); what the
-// metadata fields mean depends on what the packet is doing (OpContext::kind).
-struct alignas(cache_line) Packet {
-  OpContext ctx;  // must be first: libfabric hands back &ctx.fi as the op context
-  PacketPool* pool;
-  std::uint32_t capacity;  // payload bytes
-  std::uint32_t length;    // payload bytes in use
-  // Scratch for the operation this packet carries (recv descriptor, rma op, match entry).
-  Packet* next;
+// The metadata in front of each packet's payload: fields of the pool (fixed for the packet's
+// life), then one view per use of the packet. A packet has one use at a time; the code that
+// gives it a use writes that use's view and reads no other, so no field means two things.
+//
+//   view     the packet is                                      from             until
+//   recv     a posted receive waiting in the matching engine    post_recv        matched
+//   arrived  an eager message or RTS that arrived (also while   its receive      delivered or
+//            fragments of it are gathered in it)                completion       read
+//   send     an eager send or control message given to fi_send  send_packet      its completion
+//   backlog  a fragmented message's tail the provider refused   post_fragments   flushed
+//   rma      a put or get of one transfer                       post_rma         its completion
+//
+// The views are trivial structs in one union: giving a packet a use costs only the stores of
+// the fields that use needs.
+
+// What the matching engine compares: for a receive, the sender and tag it wants (any_source,
+// any_tag allowed); for a message, its sender and tag.
+struct MatchKey {
+  std::int32_t rank;
+  Tag tag;
+};
+
+// A posted receive (a packet of the device's receive-descriptor pool; no payload is used).
+struct RecvDescriptor {
+  MatchKey want;
   void* buffer;
   std::size_t size;
   CompletionObject* local;
   void* context;
-  std::int32_t rank;
-  std::uint32_t tag;
-  void* mr;  // a temporary registration this op owns (fid_mr*), or null
+};
+
+// An arrived eager message (am, msg), RTS or control message, in the packet it arrived in.
+// A message reassembled past a packet's size keeps only its header in the packet and its
+// payload in the malloc'ed block `heap`; whoever releases the message frees the block.
+struct ArrivedMessage {
+  std::uint32_t length;  // bytes in the packet, wire header included
+  MatchKey from;         // msg and rts_msg: set when the message enters the matching engine
+  unsigned char* heap;   // msg and rts_msg: the payload's heap block, or null (payload follows the header)
+  std::size_t heap_size;  // bytes in `heap`
+};
+
+// An eager send or control message the provider holds until its send completion.
+struct EagerSend {
+  std::int32_t rank;  // the destination, for the error report should the send fail
+};
+
+// The part of a fragmented message the provider refused midway, queued on the device's
+// backlog. `frame` holds [fragment header][the tail's bytes]: the packet's payload, or a
+// malloc'ed block when the tail is larger than a packet. Each piece's header is written
+// just in front of its bytes, over bytes already sent.
+struct BacklogTail {
+  unsigned char* frame;
+  std::int32_t rank;    // the destination
+  std::uint32_t size;   // the message's payload bytes
+  std::uint32_t bytes;  // the tail's bytes: the message's last `bytes`
+  std::uint32_t sent;   // of those, bytes sent
+  std::uint32_t remaining() const noexcept { return bytes - sent; }
+  // The message offset of the next byte to send.
+  std::uint32_t offset() const noexcept { return size - bytes + sent; }
+};
+
+// A put or get of one transfer: its whole state, so nothing is allocated for it.
+struct RmaSingle {
   OpKind op;
-  bool notify;
-  // An eager message reassembled from fragments past a packet's size: its payload is the
-  // malloc'ed block `buffer` of `size` bytes, not the bytes after its header. Set only while the
-  // packet holds such a message; whoever releases it frees the block and clears the flag.
-  bool heap_payload;
-  std::uint32_t index;                  // position in the slab
+  std::int32_t rank;
+  std::size_t size;
+  CompletionObject* local;
+  void* context;
+  fid_mr* mr;  // a temporary registration of the local buffer (FI_MR_LOCAL), or null
+};
+
+struct alignas(cache_line) Packet {
+  OpContext ctx;  // must be first: libfabric hands back &ctx.fi as the op context
+  PacketPool* pool;
+  // The link of the one intrusive list that holds the packet, if any: a matching engine list
+  // (recv, arrived) or the device's backlog (backlog).
+  Packet* next;
+  std::uint32_t capacity;                // payload bytes
+  std::uint32_t index;                   // position in the slab
   std::atomic<std::uint32_t> pool_next;  // the free-list link (read racily by poppers: atomic)
+  union {
+    RecvDescriptor recv;
+    ArrivedMessage arrived;
+    EagerSend send;
+    BacklogTail backlog;
+    RmaSingle rma;
+  };
   unsigned char* data() noexcept { return reinterpret_cast<unsigned char*>(this) + sizeof(Packet); }
   static Packet* from_data(void* payload) noexcept {
     return reinterpret_cast<Packet*>(static_cast<unsigned char*>(payload) - sizeof(Packet));
@@ -63,6 +125,17 @@ struct alignas(cache_line) Packet {
 static_assert(sizeof(Packet) % cache_line == 0, "payloads must stay cache-line aligned");
 static_assert(alignof(Packet) == cache_line, "a packet's metadata starts a line: no packet shares one with another");
 static_assert(offsetof(Packet, ctx) == 0, "libfabric's context pointer is the packet pointer");
+static_assert(std::is_trivially_copyable_v<RecvDescriptor> && std::is_trivially_copyable_v<ArrivedMessage> &&
+                  std::is_trivially_copyable_v<EagerSend> && std::is_trivially_copyable_v<BacklogTail> &&
+                  std::is_trivially_copyable_v<RmaSingle>,
+              "a view is plain data: giving a packet a use runs no constructor");
+// The views share the header's last cache line(s): the largest one ends inside the header
+// without adding a line to every packet.
+inline constexpr std::size_t kLargestPacketView =
+    std::max({sizeof(RecvDescriptor), sizeof(ArrivedMessage), sizeof(EagerSend), sizeof(BacklogTail), sizeof(RmaSingle)});
+static_assert(offsetof(Packet, recv) + kLargestPacketView <= sizeof(Packet));
+static_assert(sizeof(Packet) - (offsetof(Packet, recv) + kLargestPacketView) < cache_line,
+              "the header is the fewest cache lines that hold its fields");
 
 class PacketPool {
  public:

@@ -1,5 +1,6 @@
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 
 #include "common/log.hpp"
@@ -45,6 +46,8 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   for (std::size_t i = 0; i < config_.max_targets; ++i) targets_[i].store(nullptr, std::memory_order_relaxed);
   for (int d = 0; d < config_.devices; ++d) {
     devices_.push_back(std::make_unique<DeviceImpl>(*this, d, *fabric_, config_));
+    const LockModel model = devices_.back()->lock_model();
+    lock_models_.push_back(model != LockModel::lockless ? std::make_unique<LockModelImpl>(*devices_.back(), model) : nullptr);
     boot_->put("ferry.ep." + std::to_string(d), devices_.back()->address());
   }
   boot_->fence();
@@ -52,7 +55,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
     std::vector<std::string> addresses(static_cast<std::size_t>(size_));
     for (int r = 0; r < size_; ++r) addresses[static_cast<std::size_t>(r)] = boot_->get(r, "ferry.ep." + std::to_string(d));
     devices_[static_cast<std::size_t>(d)]->connect(addresses);
-    handles_.push_back(Device(devices_[static_cast<std::size_t>(d)].get()));
+    handles_.push_back(Device(devices_[static_cast<std::size_t>(d)].get(), lock_models_[static_cast<std::size_t>(d)].get()));
   }
   // Every rank has its receives posted before anyone sends.
   boot_->barrier();
@@ -66,8 +69,8 @@ void RuntimeImpl::barrier_arrived(std::uint32_t step) noexcept {
 void RuntimeImpl::barrier() {
   // Operations this rank posted before the barrier are performed before it: a deferring lock
   // model (lockq, offload) may still hold some in its queue.
-  for (auto& d : devices_) {
-    if (ThreadSafety* t = d->safety()) {
+  for (auto& t : lock_models_) {
+    if (t != nullptr) {
       while (t->queued() != 0) t->progress();
     }
   }
@@ -93,7 +96,7 @@ void RuntimeImpl::finalize() {
   if (finalized_.load()) return;
   // Everyone's operations complete while everyone still progresses; then the barrier.
   for (auto& d : devices_) {
-    const std::size_t left = d->drain(10.0);
+    const std::size_t left = drain(*d, 10.0);
     if (left != 0) {
       FERRY_LOG_AT(warn, rank_, -1, "finalize: %zu operations still in flight on device %d after 10 s", left, d->index());
     }
@@ -115,12 +118,23 @@ void RuntimeImpl::finalize() {
   parked_.clear();
 }
 
+std::size_t RuntimeImpl::drain(DeviceImpl& device, double seconds) {
+  LockModelImpl* lock_model = lock_models_[static_cast<std::size_t>(device.index())].get();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  auto busy = [&] { return (lock_model != nullptr ? lock_model->queued() : 0) + device.in_flight(); };
+  while (busy() != 0 && std::chrono::steady_clock::now() < deadline) {
+    if (lock_model != nullptr) lock_model->progress(); else device.progress();
+  }
+  return busy();
+}
+
 RuntimeImpl::~RuntimeImpl() {
   try {
     finalize();
   } catch (...) {
   }
   handles_.clear();
+  lock_models_.clear();  // an offload thread must be gone before its device's endpoint
   devices_.clear();
   fabric_.reset();
   boot_.reset();
@@ -222,40 +236,40 @@ Exposure::~Exposure() {
   if (rt_ != nullptr) rt_->unexpose(id_);
 }
 
-// Lockless devices call straight through (one predictable branch); the other lock models go
-// through the device's ThreadSafety policy.
+// Lockless devices call straight through (one predictable branch on the handle's own field);
+// the other lock models go through the device's LockModelImpl.
 Status Device::post_am(const AmArgs& a) {
-  if (detail::ThreadSafety* t = impl_->safety()) return t->post(a);
+  if (lock_model_ != nullptr) return lock_model_->post(a);
   return impl_->post_am(a);
 }
 Status Device::post_am_iovec(const AmIovecArgs& a) {
-  if (detail::ThreadSafety* t = impl_->safety()) return t->post(a);
+  if (lock_model_ != nullptr) return lock_model_->post(a);
   return impl_->post_am_iovec(a);
 }
 Status Device::post_send(const SendArgs& a) {
-  if (detail::ThreadSafety* t = impl_->safety()) return t->post(a);
+  if (lock_model_ != nullptr) return lock_model_->post(a);
   return impl_->post_send(a);
 }
 Status Device::post_recv(const RecvArgs& a) {
-  if (detail::ThreadSafety* t = impl_->safety()) return t->post(a);
+  if (lock_model_ != nullptr) return lock_model_->post(a);
   return impl_->post_recv(a);
 }
 Status Device::post_put(const PutArgs& a) {
-  if (detail::ThreadSafety* t = impl_->safety()) return t->post(a);
+  if (lock_model_ != nullptr) return lock_model_->post(a);
   return impl_->post_put(a);
 }
 Status Device::post_get(const GetArgs& a) {
-  if (detail::ThreadSafety* t = impl_->safety()) return t->post(a);
+  if (lock_model_ != nullptr) return lock_model_->post(a);
   return impl_->post_get(a);
 }
 bool Device::progress() {
-  if (detail::ThreadSafety* t = impl_->safety()) return t->progress();
+  if (lock_model_ != nullptr) return lock_model_->progress();
   return impl_->progress();
 }
 MemoryRegion Device::register_memory(void* data, std::size_t size) { return impl_->register_memory(data, size); }
 int Device::index() const noexcept { return impl_->index(); }
 DeviceStats Device::stats() const noexcept {
-  if (const detail::ThreadSafety* t = impl_->safety()) return t->stats();
+  if (lock_model_ != nullptr) return lock_model_->stats();
   return {};
 }
 std::size_t Device::eager_limit() const noexcept { return impl_->eager_limit(); }

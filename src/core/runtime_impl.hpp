@@ -18,6 +18,7 @@
 #include "bootstrap/bootstrap.hpp"
 #include "core/config.hpp"
 #include "core/device.hpp"
+#include "core/lock_model.hpp"
 #include "core/progress.hpp"
 #include "ferry/runtime.hpp"
 #include "net/fabric.hpp"
@@ -51,6 +52,10 @@ class RuntimeImpl {
   std::size_t max_targets() const noexcept { return config_.max_targets; }
 
  private:
+  // Teardown: progresses `device` (through its lock model) until its own operations are
+  // complete or `seconds` pass. Returns the number still in flight.
+  std::size_t drain(DeviceImpl& device, double seconds);
+
   Resolved<RuntimeSettings> options_;
   const Config& config_ = options_.settings;  // the typed values of options_
   std::unique_ptr<bootstrap::Bootstrap> boot_;
@@ -58,6 +63,9 @@ class RuntimeImpl {
   int size_ = 1;
   std::unique_ptr<net::Fabric> fabric_;
   std::vector<std::unique_ptr<DeviceImpl>> devices_;
+  // Per device, its lock model or null (lockless). Declared after devices_, so destroyed
+  // before them: an offload thread stops before its device's endpoint closes.
+  std::vector<std::unique_ptr<LockModelImpl>> lock_models_;
   std::vector<Device> handles_;
   std::unique_ptr<std::atomic<CompletionObject*>[]> targets_;
   std::mutex park_mutex_;

@@ -21,29 +21,39 @@ using ferry::detail::MatchingEngine;
 using ferry::detail::Packet;
 using ferry::detail::PacketPool;
 
-// Packets for receives and messages come from real pools, as in a device; `size` carries a
-// test id so a match can be traced back to what was posted.
+// Packets for receives and messages come from real pools, as in a device; a field the engine
+// does not read carries a test id (recv.size of a receive, arrived.length of a message) so a
+// match can be traced back to what was posted.
 class Matching : public testing::Test {
  protected:
-  Packet* recv(int rank, ferry::Tag tag, std::size_t id) { return make(recvs_, rank, tag, id); }
-  Packet* msg(int rank, ferry::Tag tag, std::size_t id) { return make(msgs_, rank, tag, id); }
+  Packet* recv(int rank, ferry::Tag tag, std::size_t id) {
+    Packet* p = make(recvs_);
+    p->recv.want = {rank, tag};
+    p->recv.size = id;
+    return p;
+  }
+  Packet* msg(int rank, ferry::Tag tag, std::size_t id) {
+    Packet* p = make(msgs_);
+    p->arrived.from = {rank, tag};
+    p->arrived.length = static_cast<std::uint32_t>(id);
+    return p;
+  }
 
   // Returns a matched pair's packets (or nullptr) to their pools.
   void done(Packet* p) {
     if (p != nullptr) p->pool->put(p);
   }
 
-  static std::size_t id(const Packet* p) { return p == nullptr ? SIZE_MAX : p->size; }
+  // The id of what add_recv returns (a message) or add_message returns (a receive).
+  static std::size_t msg_id(const Packet* p) { return p == nullptr ? SIZE_MAX : p->arrived.length; }
+  static std::size_t recv_id(const Packet* p) { return p == nullptr ? SIZE_MAX : p->recv.size; }
 
   MatchingEngine engine_;
 
  private:
-  Packet* make(PacketPool& pool, int rank, ferry::Tag tag, std::size_t id) {
+  Packet* make(PacketPool& pool) {
     Packet* p = pool.get();
     EXPECT_NE(p, nullptr);
-    p->rank = rank;
-    p->tag = tag;
-    p->size = id;
     p->next = reinterpret_cast<Packet*>(0x1);  // garbage: the engine must not trust it
     return p;
   }
@@ -106,11 +116,12 @@ TEST_F(Matching, AnySourceMatchesEveryRankButOnlyItsTag) {
   for (Packet* p : {m, r, r2, m2}) done(p);
   // other_tag is still queued in the engine: drain it so its packet returns.
   int left = 0;
-  engine_.drain([&](Packet* p) {
-    ++left;
-    EXPECT_EQ(p, other_tag);
-    done(p);
-  });
+  engine_.drain([&](Packet* p) { ADD_FAILURE() << "a receive was left queued"; done(p); },
+                [&](Packet* p) {
+                  ++left;
+                  EXPECT_EQ(p, other_tag);
+                  done(p);
+                });
   EXPECT_EQ(left, 1);
 }
 
@@ -135,17 +146,17 @@ TEST_F(Matching, ReceivesTakeMessagesInArrivalOrder) {
   Packet* m4 = msg(1, 5, 4);
   for (Packet* m : {m1, m2, m3, m4}) ASSERT_EQ(engine_.add_message(m), nullptr);
   Packet* ra = recv(any_source, 5, 10);
-  EXPECT_EQ(id(engine_.add_recv(ra)), 1u);
+  EXPECT_EQ(msg_id(engine_.add_recv(ra)), 1u);
   Packet* rb = recv(1, 5, 11);
-  EXPECT_EQ(id(engine_.add_recv(rb)), 3u);  // skips m2 (rank 2), oldest rank-1 is m3
+  EXPECT_EQ(msg_id(engine_.add_recv(rb)), 3u);  // skips m2 (rank 2), oldest rank-1 is m3
   Packet* rc = recv(any_source, any_tag, 12);
-  EXPECT_EQ(id(engine_.add_recv(rc)), 2u);
+  EXPECT_EQ(msg_id(engine_.add_recv(rc)), 2u);
   Packet* rd = recv(1, any_tag, 13);
-  EXPECT_EQ(id(engine_.add_recv(rd)), 4u);
+  EXPECT_EQ(msg_id(engine_.add_recv(rd)), 4u);
   Packet* re = recv(any_source, any_tag, 14);
   EXPECT_EQ(engine_.add_recv(re), nullptr);  // all consumed: re is queued
   for (Packet* p : {m1, m2, m3, m4, ra, rb, rc, rd}) done(p);
-  engine_.drain([&](Packet* p) { done(p); });
+  engine_.drain([&](Packet* p) { done(p); }, [&](Packet* p) { done(p); });
 }
 
 // A message goes to the oldest matching posted receive, whatever mix of wildcards is posted.
@@ -156,13 +167,13 @@ TEST_F(Matching, MessagesTakeReceivesInPostingOrder) {
   Packet* r4 = recv(1, 5, 4);
   for (Packet* r : {r1, r2, r3, r4}) ASSERT_EQ(engine_.add_recv(r), nullptr);
   Packet* a = msg(1, 5, 10);
-  EXPECT_EQ(id(engine_.add_message(a)), 1u);
+  EXPECT_EQ(recv_id(engine_.add_message(a)), 1u);
   Packet* b = msg(1, 5, 11);
-  EXPECT_EQ(id(engine_.add_message(b)), 2u);
+  EXPECT_EQ(recv_id(engine_.add_message(b)), 2u);
   Packet* c = msg(1, 7, 12);
-  EXPECT_EQ(id(engine_.add_message(c)), 3u);  // only r3 takes tag 7
+  EXPECT_EQ(recv_id(engine_.add_message(c)), 3u);  // only r3 takes tag 7
   Packet* d = msg(1, 5, 13);
-  EXPECT_EQ(id(engine_.add_message(d)), 4u);
+  EXPECT_EQ(recv_id(engine_.add_message(d)), 4u);
   for (Packet* p : {r1, r2, r3, r4, a, b, c, d}) done(p);
 }
 
@@ -195,31 +206,33 @@ TEST_F(Matching, ListStaysConsistentAfterRemovalsAnywhere) {
   done(late);
   done(after);
   int left = 0;
-  engine_.drain([&](Packet*) { ++left; });
+  engine_.drain([&](Packet*) { ++left; }, [&](Packet*) { ++left; });
   EXPECT_EQ(left, 0);
 }
 
+// Each list drains into its own callback: a receive is never handed over as a message (the
+// device frees a message's heap payload, which a receive does not have).
 TEST_F(Matching, DrainEmptiesBothLists) {
-  std::vector<Packet*> queued = {recv(1, 1, 1), recv(any_source, 2, 2), recv(3, any_tag, 3)};
-  for (Packet* r : queued) ASSERT_EQ(engine_.add_recv(r), nullptr);
+  std::vector<Packet*> receives = {recv(1, 1, 1), recv(any_source, 2, 2), recv(3, any_tag, 3)};
+  for (Packet* r : receives) ASSERT_EQ(engine_.add_recv(r), nullptr);
   std::vector<Packet*> messages = {msg(5, 9, 4), msg(6, 9, 5)};
   for (Packet* m : messages) ASSERT_EQ(engine_.add_message(m), nullptr);
-  queued.insert(queued.end(), messages.begin(), messages.end());
 
-  std::vector<Packet*> drained;
-  engine_.drain([&](Packet* p) { drained.push_back(p); });
-  std::sort(drained.begin(), drained.end());
-  std::sort(queued.begin(), queued.end());
-  EXPECT_EQ(drained, queued);
+  std::vector<Packet*> drained_receives, drained_messages;
+  engine_.drain([&](Packet* p) { drained_receives.push_back(p); }, [&](Packet* p) { drained_messages.push_back(p); });
+  EXPECT_EQ(drained_receives, receives);  // in posting order
+  EXPECT_EQ(drained_messages, messages);  // in arrival order
 
   // Nothing left to match: a message that the drained any_source receive would have taken
   // is queued now, and a second drain hands back only that.
   Packet* m = msg(8, 2, 6);
   EXPECT_EQ(engine_.add_message(m), nullptr);
   std::vector<Packet*> second;
-  engine_.drain([&](Packet* p) { second.push_back(p); });
+  engine_.drain([&](Packet* p) { ADD_FAILURE() << "receive " << p << " drained twice"; },
+                [&](Packet* p) { second.push_back(p); });
   EXPECT_EQ(second, std::vector<Packet*>{m});
-  for (Packet* p : drained) done(p);
+  for (Packet* p : drained_receives) done(p);
+  for (Packet* p : drained_messages) done(p);
   done(m);
 }
 
@@ -262,9 +275,9 @@ TEST(MatchingConcurrent, EveryMessageMatchedExactlyOnce) {
   ferry::test::Gate gate;
 
   auto record = [&](Packet* m, Packet* r) {
-    if (m->rank != r->rank || m->tag != r->tag) ++key_mismatch;
-    msg_matched[m->size].fetch_add(1, std::memory_order_relaxed);
-    recv_matched[r->size].fetch_add(1, std::memory_order_relaxed);
+    if (m->arrived.from.rank != r->recv.want.rank || m->arrived.from.tag != r->recv.want.tag) ++key_mismatch;
+    msg_matched[m->arrived.length].fetch_add(1, std::memory_order_relaxed);
+    recv_matched[r->recv.size].fetch_add(1, std::memory_order_relaxed);
     m->pool->put(m);
     r->pool->put(r);
   };
@@ -284,9 +297,13 @@ TEST(MatchingConcurrent, EveryMessageMatchedExactlyOnce) {
           }
           std::this_thread::yield();
         }
-        p->rank = rank_of[op.id];
-        p->tag = tag_of[op.id];
-        p->size = op.id;
+        if (op.is_recv) {
+          p->recv.want = {rank_of[op.id], tag_of[op.id]};
+          p->recv.size = op.id;
+        } else {
+          p->arrived.from = {rank_of[op.id], tag_of[op.id]};
+          p->arrived.length = static_cast<std::uint32_t>(op.id);
+        }
         if (op.is_recv) {
           if (Packet* m = engine.add_recv(p)) record(m, p);
         } else {
@@ -301,10 +318,11 @@ TEST(MatchingConcurrent, EveryMessageMatchedExactlyOnce) {
   ASSERT_EQ(starved.load(), 0u);
   EXPECT_EQ(key_mismatch.load(), 0u);
   std::size_t left = 0;
-  engine.drain([&](Packet* p) {
+  auto count = [&](Packet* p) {
     ++left;
     p->pool->put(p);
-  });
+  };
+  engine.drain(count, count);
   EXPECT_EQ(left, 0u) << "entries left unmatched although every key balanced";
   std::size_t bad_msgs = 0, bad_recvs = 0;
   for (std::size_t i = 0; i < pairs; ++i) {
