@@ -929,7 +929,7 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"auto", "on", "off"}));
   };
   auto add_lock_model = [&](CLI::App* sub) {
-    sub->add_option("--lock-model", lock_model, "device thread safety (default: FERRY_LOCK_MODEL, else lockless)")
+    sub->add_option("--lock-model", lock_model, "the lock model (default: FERRY_LOCK_MODEL, else lockless)")
         ->check(CLI::IsMember(bench::lock_models));
   };
 

@@ -39,6 +39,11 @@ install(FILES ${PROJECT_BINARY_DIR}/ferryConfig.cmake ${PROJECT_BINARY_DIR}/ferr
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ferry)
 
 # pkg-config: the core from its own template, each layer above from one shared template.
+# The prefix as seen from the .pc files' folder, however deep the lib directory is
+# (lib, lib64, lib/x86_64-linux-gnu), so the installed tree can move.
+file(RELATIVE_PATH FERRY_PC_PREFIX_FROM_PCDIR "${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}/pkgconfig"
+     "${CMAKE_INSTALL_PREFIX}")
+string(REGEX REPLACE "/$" "" FERRY_PC_PREFIX_FROM_PCDIR "${FERRY_PC_PREFIX_FROM_PCDIR}")
 configure_file(${PROJECT_SOURCE_DIR}/cmake/ferry.pc.in ${PROJECT_BINARY_DIR}/pkgconfig/ferry.pc @ONLY)
 set(_ferry_pc_files ${PROJECT_BINARY_DIR}/pkgconfig/ferry.pc)
 function(ferry_layer_pc name lib requires description)

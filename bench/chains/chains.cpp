@@ -223,8 +223,7 @@ struct Bench {
 
 int main(int argc, char** argv) {
   Args a;
-  if (const char* e = std::getenv("FERRY_PARCELPORT"); e != nullptr && *e != '\0') a.parcelport = e;
-  if (a.parcelport.empty()) a.parcelport = "ferry";
+  a.parcelport = ferry::amt::option_table().resolve().settings.parcelport;
 
   CLI::App app{"ferry-chains: task-chain message rate / latency between two ranks ([AMT-LCI] §4.2.1)",
                "ferry-chains"};

@@ -184,7 +184,8 @@ class Pmi1 final : public Bootstrap {
   void abort(int code, std::string_view message) noexcept override {
     aborted_ = true;
     // PMI-1 has no field for the reason, so it goes to stderr, which launchers forward.
-    FERRY_LOG_AT(error, rank_, -1, "aborting (exit code %d): %.*s", code, static_cast<int>(message.size()),
+    // Always written, whatever FERRY_LOG says: it is the job's last word on why it ends.
+    ::ferry::detail::log_line(::ferry::detail::LogLevel::error, rank_, -1, "aborting (exit code %d): %.*s", code, static_cast<int>(message.size()),
                  message.data());
     try {
       send_line("cmd=abort exitcode=" + std::to_string(code));

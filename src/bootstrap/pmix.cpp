@@ -129,7 +129,8 @@ class Pmix final : public Bootstrap {
 
   void abort(int code, std::string_view message) noexcept override {
     // mpirun 4.1 does not print the reason given to PMIx_Abort, so it goes to stderr too.
-    FERRY_LOG_AT(error, rank_, -1, "aborting (exit code %d): %.*s", code, static_cast<int>(message.size()),
+    // Always written, whatever FERRY_LOG says: it is the job's last word on why it ends.
+    ::ferry::detail::log_line(::ferry::detail::LogLevel::error, rank_, -1, "aborting (exit code %d): %.*s", code, static_cast<int>(message.size()),
                  message.data());
     try {
       const std::string msg(message);

@@ -43,6 +43,7 @@ void set_log_rank(int rank) noexcept { process_rank.store(rank, std::memory_orde
 int log_rank() noexcept { return process_rank.load(std::memory_order_relaxed); }
 
 void log_line(LogLevel, int rank, int device, const char* format, ...) noexcept {
+  const int saved_errno = errno;  // a caller may log between a failing call and reading errno
   // The whole line is built on the stack and written at once: no allocation (this runs on
   // out-of-memory paths), and one write(2) so concurrent lines stay whole.
   char line[kMaxLogLine];
@@ -72,6 +73,7 @@ void log_line(LogLevel, int rank, int device, const char* format, ...) noexcept 
   // write (a full pipe) is not completed: that would split the line.
   while (::write(STDERR_FILENO, line, len) < 0 && errno == EINTR) {
   }
+  errno = saved_errno;
 }
 
 }  // namespace ferry::detail

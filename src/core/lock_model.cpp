@@ -29,36 +29,22 @@ Status perform(DeviceImpl& d, const PutArgs& a) { return d.post_put(a); }
 Status perform(DeviceImpl& d, const GetArgs& a) { return d.post_get(a); }
 
 // What a deferred operation that finished at once reports to its local completion object.
-Completion completion_of(const AmArgs& a, const Status&) {
+Completion completion(OpKind op, int rank, Tag tag, std::size_t size, void* context) {
   Completion c;
-  c.op = OpKind::am, c.rank = a.rank, c.tag = a.tag, c.size = a.size, c.context = a.context;
+  c.op = op, c.rank = rank, c.tag = tag, c.size = size, c.context = context;
   return c;
 }
-Completion completion_of(const AmIovecArgs& a, const Status&) {
-  Completion c;
-  c.op = OpKind::am, c.rank = a.rank, c.tag = a.tag, c.context = a.context;
-  return c;
-}
+Completion completion_of(const AmArgs& a, const Status&) { return completion(OpKind::am, a.rank, a.tag, a.size, a.context); }
+Completion completion_of(const AmIovecArgs& a, const Status&) { return completion(OpKind::am, a.rank, a.tag, 0, a.context); }
 Completion completion_of(const SendArgs& a, const Status&) {
-  Completion c;
-  c.op = OpKind::send, c.rank = a.rank, c.tag = a.tag, c.size = a.size, c.context = a.context;
-  return c;
+  return completion(OpKind::send, a.rank, a.tag, a.size, a.context);
 }
+// A receive reports what arrived: the sender, its tag and the bytes delivered.
 Completion completion_of(const RecvArgs& a, const Status& s) {
-  Completion c;
-  c.op = OpKind::recv, c.rank = s.rank, c.tag = s.tag, c.size = s.size, c.context = a.context;
-  return c;
+  return completion(OpKind::recv, s.rank, s.tag, s.size, a.context);
 }
-Completion completion_of(const PutArgs& a, const Status&) {
-  Completion c;
-  c.op = OpKind::put, c.rank = a.rank, c.size = a.size, c.context = a.context;
-  return c;
-}
-Completion completion_of(const GetArgs& a, const Status&) {
-  Completion c;
-  c.op = OpKind::get, c.rank = a.rank, c.size = a.size, c.context = a.context;
-  return c;
-}
+Completion completion_of(const PutArgs& a, const Status&) { return completion(OpKind::put, a.rank, 0, a.size, a.context); }
+Completion completion_of(const GetArgs& a, const Status&) { return completion(OpKind::get, a.rank, 0, a.size, a.context); }
 
 // Copies `size` bytes into the descriptor and returns where they now are.
 const void* keep(OpDesc& d, const void* buffer, std::size_t size) {

@@ -80,12 +80,12 @@ class LockModelImpl {
   bool progress();
   // Teardown: stops the offload thread after it drained what was queued.
   void stop();
-  // Descriptors waiting (lockq, offload); exact when quiescent.
+  // Posts deferred and combined, and the largest batch (lockq, csync, offload).
   DeviceStats stats() const noexcept {
     return {deferred_.load(std::memory_order_relaxed), combined_.load(std::memory_order_relaxed),
             max_batch_.load(std::memory_order_relaxed)};
   }
-  // A stuck descriptor is still counted in queued_ (it is decremented only once a descriptor
+  // Descriptors waiting (lockq, offload); exact when quiescent. A stuck descriptor is still counted in queued_ (it is decremented only once a descriptor
   // ran), so any thread may read this without touching stuck_, which the lock holder owns.
   std::size_t queued() const noexcept { return queued_.load(std::memory_order_relaxed); }
 

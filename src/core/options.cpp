@@ -222,7 +222,7 @@ const RuntimeOptionTable& runtime_option_table() {
                  &O::fragment_max, &S::fragment_max),
           option({"lock_model", "FERRY_LOCK_MODEL", T::choice, "lockless",
                   {"lockless", "trylock", "block", "lockq", "csync", "offload"}, 0, 0, nullptr,
-                  "device thread safety: lockless, trylock, block, lockq, csync, offload"},
+                  "lock model (how threads share a device): lockless, trylock, block, lockq, csync, offload"},
                  &O::lock_model, &S::lock_model),
           // One variable for the whole stack: the core reads it for its queues' algorithm (at
           // every CompletionQueue creation too) and the ferry parcelport for `sync`, which the

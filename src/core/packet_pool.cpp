@@ -88,7 +88,8 @@ PacketPool::PacketPool(std::size_t count, std::size_t payload_size)
       slab_(nullptr),
       cached_(count >= kMinCachedPool) {
   // The free-list head starts a line of its own: get/put hammer it (and free_count_ next to
-  // it) while the geometry in the line before stays clean in every thread's cache.
+  // it) while the line before — the geometry and the thread-cache slot that every get/put
+  // reads — stays clean in every thread's cache.
   static_assert(std::is_standard_layout_v<PacketPool>);
   static_assert(offsetof(PacketPool, head_) == cache_line && alignof(PacketPool) == cache_line);
   if (count == 0) throw Error("FERRY_PACKETS=0: a device needs at least one packet");

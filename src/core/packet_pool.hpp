@@ -171,15 +171,15 @@ class PacketPool {
   std::size_t payload_;
   std::size_t stride_;
   unsigned char* slab_;
+  bool cached_;
+  std::uint32_t slot_;        // index into each thread's cache table
+  std::uint64_t generation_;  // distinguishes this pool from earlier ones in the same slot
   Packet* at(std::uint32_t index) const noexcept { return reinterpret_cast<Packet*>(slab_ + index * stride_); }
   // Free-list head: low 32 bits the top packet's index (kEmpty when none), high 32 bits a tag
   // bumped by every successful change, so a stale head can never be swapped back in (ABA).
   static constexpr std::uint32_t kEmpty = 0xFFFFFFFFu;
   alignas(cache_line) std::atomic<std::uint64_t> head_;
   std::atomic<std::size_t> free_count_{0};
-  bool cached_;
-  std::uint32_t slot_;        // index into each thread's cache table
-  std::uint64_t generation_;  // distinguishes this pool from earlier ones in the same slot
 };
 
 }  // namespace ferry::detail

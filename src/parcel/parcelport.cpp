@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "common/log.hpp"
 #include "ferry/error.hpp"
+#include "ferry/options.hpp"
 #include "ferry/parcel.hpp"
 #include "parcel/ferry_parcelport.hpp"
 
@@ -84,7 +86,13 @@ std::unique_ptr<Parcelport> make_parcelport(const ParcelportOptions& options, Up
     }
   }
   // Outside the lock: a factory is collective and may take long.
-  if (factory != nullptr) return factory(options, upcalls);
+  if (factory != nullptr) {
+    // FERRY_LOG holds in programs whose parcelport makes no core Runtime (the MPI baselines).
+    RuntimeSettings core;
+    runtime_option_table().resolve_one("log", core);
+    ::ferry::detail::set_log_level(core.log);
+    return factory(options, upcalls);
+  }
 
   const std::string what = "FERRY_PARCELPORT=" + options.kind;
   const std::vector<std::string> kinds = parcelport_kinds();
