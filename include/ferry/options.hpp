@@ -282,6 +282,8 @@ struct RuntimeOptions {
   std::string log{};  // off, error, warn, info, debug
 };
 
+// How ranks find each other; `automatic` reads the launcher's variables (PMIX_RANK, PMI_FD).
+enum class BootstrapKind : std::uint8_t { automatic, single, pmi1, pmix };
 enum class LockModel : std::uint8_t { lockless, trylock, block, lockq, csync, offload };
 enum class FragmentMode : std::uint8_t { automatic, off };
 // sync is the ferry parcelport's mechanism; the core's queues use the array ring for it.
@@ -291,7 +293,7 @@ enum class ProgressMode : std::uint8_t { explicit_calls, implicit, thread, steal
 
 // The core's options, resolved and typed.
 struct RuntimeSettings {
-  std::string bootstrap;  // auto, single, pmi1, pmix
+  BootstrapKind bootstrap = BootstrapKind::automatic;
   std::string provider;
   int devices = 0;
   std::size_t packet_size = 0;

@@ -20,24 +20,6 @@ void set_log_level(LogLevel level) noexcept { log_threshold.store(static_cast<in
 
 LogLevel log_level() noexcept { return static_cast<LogLevel>(log_threshold.load(std::memory_order_relaxed)); }
 
-std::optional<LogLevel> parse_log_level(std::string_view name) noexcept {
-  for (LogLevel l : {LogLevel::off, LogLevel::error, LogLevel::warn, LogLevel::info, LogLevel::debug}) {
-    if (name == log_level_name(l)) return l;
-  }
-  return std::nullopt;
-}
-
-const char* log_level_name(LogLevel level) noexcept {
-  switch (level) {
-    case LogLevel::off: return "off";
-    case LogLevel::error: return "error";
-    case LogLevel::warn: return "warn";
-    case LogLevel::info: return "info";
-    case LogLevel::debug: return "debug";
-  }
-  return "?";
-}
-
 void set_log_rank(int rank) noexcept { process_rank.store(rank, std::memory_order_relaxed); }
 
 int log_rank() noexcept { return process_rank.load(std::memory_order_relaxed); }

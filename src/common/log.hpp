@@ -28,8 +28,6 @@
 
 #include <atomic>
 #include <cstddef>
-#include <optional>
-#include <string_view>
 
 #include "ferry/log_level.hpp"
 
@@ -49,9 +47,7 @@ inline bool log_enabled(LogLevel level) noexcept {
 void set_log_level(LogLevel level) noexcept;
 LogLevel log_level() noexcept;
 
-// "off", "error", "warn", "info", "debug"; nullopt for anything else (the caller reports it).
-std::optional<LogLevel> parse_log_level(std::string_view name) noexcept;
-const char* log_level_name(LogLevel level) noexcept;
+// The level's names are those of FERRY_LOG's row in the core's option table, which parses them.
 
 // The rank FERRY_LOG puts in its prefix; -1 (the default) leaves it out. The runtime sets it
 // once it knows its rank.

@@ -158,7 +158,6 @@ DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, net::Fabric& fabric, con
   // The packet slab is registered once; the descriptor matters only under FI_MR_LOCAL.
   pool_mr_ = endpoint_.register_memory(pool_->slab(), pool_->slab_bytes(), FI_SEND | FI_RECV);
   pool_desc_ = caps_.mr_local ? fi_mr_desc(pool_mr_) : nullptr;
-  lock_model_ = config.lock_model;
 }
 
 DeviceImpl::~DeviceImpl() {

@@ -44,7 +44,6 @@ struct fi_cq_err_entry;
 namespace ferry::detail {
 
 class RuntimeImpl;
-using ferry::LockModel;  // public (options.hpp, via core/config.hpp): the device keeps its own
 struct SendOp;
 struct RecvOp;
 struct RmaOp;
@@ -77,10 +76,6 @@ class DeviceImpl {
   bool progress();
   MemoryRegion register_memory(void* data, std::size_t size);
 
-  // The lock model this device is configured for (FERRY_LOCK_MODEL). The runtime puts a
-  // LockModelImpl in front of the device for every model but lockless; the device itself
-  // never sees it.
-  LockModel lock_model() const noexcept { return lock_model_; }
   // The argument checks of a post (A: AmArgs, AmIovecArgs, SendArgs, RecvArgs, PutArgs or
   // GetArgs), without performing it: a lock model that defers a post checks it first. Throws
   // ferry::Error like the post would.
@@ -161,7 +156,6 @@ class DeviceImpl {
   const int index_;
   const net::Caps& caps_;
   const Config& config_;
-  LockModel lock_model_;
   std::unique_ptr<PacketPool> pool_;
   // Descriptors of receives that wait for their message: a pool of their own, so posting a
   // receive never competes with the packets that carry (and hold) arriving messages.

@@ -36,7 +36,7 @@ std::string choose_provider(const std::string& wanted, bootstrap::Bootstrap& boo
 
 RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_options(options)) {
   set_log_level(config_.log);
-  boot_ = bootstrap::make_bootstrap(config_.bootstrap);
+  boot_ = bootstrap::make_bootstrap(options_.value("bootstrap"));  // the row's text: auto, single, pmi1, pmix
   rank_ = boot_->rank();
   set_log_rank(rank_);  // lines logged without a runtime at hand name this process's rank
   size_ = boot_->size();
@@ -46,7 +46,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   for (std::size_t i = 0; i < config_.max_targets; ++i) targets_[i].store(nullptr, std::memory_order_relaxed);
   for (int d = 0; d < config_.devices; ++d) {
     devices_.push_back(std::make_unique<DeviceImpl>(*this, d, *fabric_, config_));
-    const LockModel model = devices_.back()->lock_model();
+    const LockModel model = config_.lock_model;
     lock_models_.push_back(model != LockModel::lockless ? std::make_unique<LockModelImpl>(*devices_.back(), model) : nullptr);
     boot_->put("ferry.ep." + std::to_string(d), devices_.back()->address());
   }

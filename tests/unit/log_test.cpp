@@ -43,18 +43,6 @@ std::vector<std::string> lines_of(const std::string& text) {
 
 TEST_F(Log, DefaultLevelIsWarn) { EXPECT_EQ(ferry::detail::log_level(), LogLevel::warn); }
 
-TEST_F(Log, ParsesEveryLevelNameAndNothingElse) {
-  for (LogLevel l : {LogLevel::off, LogLevel::error, LogLevel::warn, LogLevel::info, LogLevel::debug}) {
-    const auto parsed = ferry::detail::parse_log_level(ferry::detail::log_level_name(l));
-    ASSERT_TRUE(parsed.has_value()) << ferry::detail::log_level_name(l);
-    EXPECT_EQ(*parsed, l);
-  }
-  EXPECT_EQ(ferry::detail::parse_log_level("debug"), LogLevel::debug);
-  for (const char* bad : {"", "WARN", "warning", "trace", "2", "info "}) {
-    EXPECT_FALSE(ferry::detail::parse_log_level(bad).has_value()) << "'" << bad << "'";
-  }
-}
-
 TEST_F(Log, LinesBelowTheLevelAreNotWrittenNorTheirArgumentsEvaluated) {
   int evaluated = 0;
   auto arg = [&evaluated] { return ++evaluated; };

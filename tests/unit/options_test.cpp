@@ -117,7 +117,7 @@ class Env : public testing::Test {
 
 TEST_F(Env, DefaultsMatchTheOptionTable) {
   const ferry::RuntimeSettings c = resolve_config({});
-  EXPECT_EQ(c.bootstrap, "auto");
+  EXPECT_EQ(c.bootstrap, ferry::BootstrapKind::automatic);
   EXPECT_EQ(c.provider, "auto");
   EXPECT_EQ(c.devices, 1);
   EXPECT_EQ(c.packet_size, 8192u);
@@ -168,7 +168,7 @@ TEST_F(Env, EnvironmentValuesAreUsed) {
   set("FERRY_PROGRESS", "thread:3");
   set("FERRY_LOG", "debug");
   const ferry::RuntimeSettings c = resolve_config({});
-  EXPECT_EQ(c.bootstrap, "single");
+  EXPECT_EQ(c.bootstrap, ferry::BootstrapKind::single);
   EXPECT_EQ(c.provider, "tcp");
   EXPECT_EQ(c.devices, 4);
   EXPECT_EQ(c.packet_size, 16384u);
@@ -240,7 +240,7 @@ TEST_F(Env, EmptyVariableMeansUnset) {
   set("FERRY_AMT_THREADS", "");
   const ferry::Resolved<ferry::RuntimeSettings> r = ferry::resolve_options({});
   EXPECT_EQ(r.settings.packets, 4096u);
-  EXPECT_EQ(r.settings.bootstrap, "auto");
+  EXPECT_EQ(r.settings.bootstrap, ferry::BootstrapKind::automatic);
   for (const ferry::ResolvedOption& o : r.options) EXPECT_EQ(o.source, ferry::OptionSource::default_value) << o.info->name;
   EXPECT_EQ(ferry::amt::option_table().resolve().settings.threads, 1);
 }
@@ -327,7 +327,7 @@ TEST_F(Env, ExplicitOptionsBeatTheEnvironment) {
   ferry::Resolved<ferry::RuntimeSettings> r;
   ASSERT_NO_THROW(r = ferry::resolve_options(o));
   EXPECT_EQ(r.settings.packet_size, 4096u);
-  EXPECT_EQ(r.settings.bootstrap, "single");
+  EXPECT_EQ(r.settings.bootstrap, ferry::BootstrapKind::single);
   EXPECT_EQ(r.settings.devices, 3);
   EXPECT_EQ(r.settings.packets, 1024u);  // not set explicitly: the environment still applies
 }
