@@ -276,6 +276,7 @@ struct RuntimeOptions {
   std::size_t rdv_threshold = 0;
   std::string fragment{};  // auto, off
   std::size_t fragment_max = 0;
+  std::size_t recv_cache = 0;
   std::string lock_model{};
   std::string completion{};
   std::string progress{};
@@ -306,6 +307,7 @@ struct RuntimeSettings {
   std::size_t rdv_threshold = 0;
   FragmentMode fragment = FragmentMode::automatic;
   std::size_t fragment_max = 0;
+  std::size_t recv_cache = 0;
   LockModel lock_model = LockModel::lockless;
   CompletionMechanism completion = CompletionMechanism::cq;
   CountedChoice<ProgressMode> progress{};  // count: N of thread:N, else 0

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "common/log.hpp"
+#include "core/recv_blocks.hpp"
 #include "core/runtime_impl.hpp"
 #include "core/wire.hpp"
 #include "ferry/error.hpp"
@@ -165,10 +166,10 @@ DeviceImpl::~DeviceImpl() {
   fi_cancel(&endpoint_.ep()->fid, nullptr);
   matching_.drain([](Packet* r) { r->pool->put_shared(r); },
                   [](Packet* m) {
-                    std::free(m->arrived.heap);
+                    recv_blocks::give(m->arrived.heap);
                     m->pool->put_shared(m);
                   });
-  for (Partial& m : partials_) std::free(m.heap);
+  for (Partial& m : partials_) recv_blocks::give(m.heap);
   for (Packet* p = backlog_head_; p != nullptr; p = p->next) {
     if (p->backlog.frame != p->data()) std::free(p->backlog.frame);
   }
@@ -665,7 +666,7 @@ std::size_t DeviceImpl::message_size(const Packet* m) noexcept {
 }
 
 void DeviceImpl::release_message(Packet* m) noexcept {
-  if (m->arrived.heap != nullptr) std::free(m->arrived.heap);
+  if (m->arrived.heap != nullptr) recv_blocks::give(m->arrived.heap);
   pool_->put(m);
 }
 
@@ -797,9 +798,9 @@ void DeviceImpl::start_rendezvous_recv(Packet* rts, const RecvDescriptor* recv) 
       case MsgKind::rts_am: {
         op->goal = RecvOp::Goal::am;
         op->size = body.size;
-        void* dst = std::malloc(body.size);
+        void* dst = recv_blocks::take(body.size);
         if (dst == nullptr) throw Error("rendezvous: cannot allocate " + str(body.size) + " bytes for an active message");
-        op->parts.emplace_back(dst, body.size, &release_malloc, nullptr);
+        op->parts.emplace_back(dst, body.size, &recv_blocks::release, nullptr);
         void* desc = reg_local(dst, body.size);
         add_chunks(op->chunks, op, CtxKind::rdv_read, static_cast<unsigned char*>(dst), desc, body.size, body.addr,
                    body.key, max);
@@ -813,9 +814,9 @@ void DeviceImpl::start_rendezvous_recv(Packet* rts, const RecvDescriptor* recv) 
         const unsigned char* table = at + eager;
         for (std::uint32_t i = 0; i < h.aux; ++i) {
           const auto part = decode<RtsPart>(table + i * sizeof(RtsPart));
-          void* dst = part.size != 0 ? std::malloc(part.size) : nullptr;
+          void* dst = part.size != 0 ? recv_blocks::take(part.size) : nullptr;
           if (part.size != 0 && dst == nullptr) throw Error("rendezvous: cannot allocate " + str(part.size) + " bytes");
-          op->parts.emplace_back(dst, part.size, &release_malloc, nullptr);
+          op->parts.emplace_back(dst, part.size, &recv_blocks::release, nullptr);
           op->size += part.size;
           void* desc = reg_local(dst, part.size);
           add_chunks(op->chunks, op, CtxKind::rdv_read, static_cast<unsigned char*>(dst), desc, part.size, part.addr,
@@ -897,7 +898,7 @@ void DeviceImpl::on_fragment(Packet* p, std::size_t length) {
   }
   if (f.total > p->capacity - kHeader) {
     // Larger than a packet: the payload gathers in a heap block, the packet keeps the header.
-    auto* heap = static_cast<unsigned char*>(std::malloc(f.total));
+    auto* heap = static_cast<unsigned char*>(recv_blocks::take(f.total));
     if (heap == nullptr) {
       FERRY_LOG_AT(error, runtime_.rank(), index_, "dropped a %u-byte message from rank %d: out of memory", f.total, h.src);
       pool_->put(p);
@@ -938,7 +939,7 @@ void DeviceImpl::on_heap_message(Packet* p, unsigned char* heap, std::size_t siz
     c.rank = h.src;
     c.tag = h.tag;
     c.size = size;
-    c.buffer = Buffer(heap, size, &release_malloc, nullptr);
+    c.buffer = Buffer(heap, size, &recv_blocks::release, nullptr);
     pool_->put(p);
     runtime_.deliver(h.target, std::move(c));
     return;

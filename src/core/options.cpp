@@ -220,6 +220,10 @@ const RuntimeOptionTable& runtime_option_table() {
                   "when fragmenting, messages up to this many bytes go as fragments, even past a packet "
                   "(reassembled on the heap); larger ones use rendezvous"},
                  &O::fragment_max, &S::fragment_max),
+          option({"recv_cache", "FERRY_RECV_CACHE", T::size, "268435456", {}, 0, std::size_t{1} << 40, nullptr,
+                  "bytes of large receive buffers (rendezvous and reassembled payloads) a process keeps for "
+                  "reuse once the application drops them; 0: each is freed"},
+                 &O::recv_cache, &S::recv_cache),
           option({"lock_model", "FERRY_LOCK_MODEL", T::choice, "lockless",
                   {"lockless", "trylock", "block", "lockq", "csync", "offload"}, 0, 0, nullptr,
                   "lock model (how threads share a device): lockless, trylock, block, lockq, csync, offload"},

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "common/log.hpp"
+#include "core/recv_blocks.hpp"
 #include "core/runtime_impl.hpp"
 #include "ferry/error.hpp"
 
@@ -36,6 +37,7 @@ std::string choose_provider(const std::string& wanted, bootstrap::Bootstrap& boo
 
 RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_options(options)) {
   set_log_level(config_.log);
+  recv_blocks::set_limit(config_.recv_cache);
   boot_ = bootstrap::make_bootstrap(options_.value("bootstrap"));  // the row's text: auto, single, pmi1, pmix
   rank_ = boot_->rank();
   set_log_rank(rank_);  // lines logged without a runtime at hand name this process's rank

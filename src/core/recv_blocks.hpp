@@ -1,0 +1,51 @@
+// recv_blocks.hpp — reusable heap blocks for payloads that arrive past a packet: rendezvous
+// active messages, the zero-copy parts of iovec active messages, and messages reassembled
+// from fragments.
+//
+// Why: a fresh block per large message costs the receiver a page fault per page (past glibc's
+// mmap threshold every block is a new mapping, unmapped again on free), which caps a stream of
+// 1 MiB messages far below memory bandwidth. A block that comes back is kept, already mapped,
+// for the next message of its size class.
+//
+// Contract
+//  - take(size) and give(block) may be called by any thread at any time, including after
+//    every Runtime is gone (a delivered Buffer may outlive its runtime), so the cache is one
+//    per process and never destroyed.
+//  - take returns a block of at least `size` bytes, 64-byte aligned, or nullptr when memory is
+//    short (the caller reports it). give takes only what take returned.
+//  - Blocks are grouped in power-of-two classes from 4 KiB to 1 GiB; a larger block is never
+//    kept. Each class keeps at most kSlots blocks, and the cache keeps at most `limit` bytes in
+//    all (FERRY_RECV_CACHE, set by each Runtime; 0 keeps nothing). A block that finds no room
+//    is freed.
+//  - Not on the small-message path: a class's list is guarded by a spin lock held for a
+//    handful of loads and stores, and an empty class falls back to the allocator.
+//
+// Memory orders: the class lists are read and written only under their lock (acquire/release
+// through SpinLock). The byte count and the limit are relaxed: they decide whether a block is
+// kept, never what memory holds; two racing gives may together exceed the limit by at most one
+// block each, and the next give that finds the count over the limit frees its block.
+#pragma once
+
+#include <cstddef>
+
+namespace ferry::detail {
+
+namespace recv_blocks {
+
+inline constexpr std::size_t kSlots = 8;  // blocks kept per class
+
+// A block of at least `size` bytes, or nullptr when memory is short.
+void* take(std::size_t size) noexcept;
+// Returns a block from take(): kept for reuse if its class and the limit have room, else freed.
+void give(void* block) noexcept;
+// Bytes the cache may keep in all (FERRY_RECV_CACHE).
+void set_limit(std::size_t bytes) noexcept;
+// Bytes kept now (exact when no thread is in take or give).
+std::size_t cached_bytes() noexcept;
+
+// A Buffer::Release for blocks from take().
+inline void release(void*, void* block) noexcept { give(block); }
+
+}  // namespace recv_blocks
+
+}  // namespace ferry::detail

@@ -1,0 +1,105 @@
+// The receive-block cache: reuse within a class, the limits, alignment, and many threads.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "core/recv_blocks.hpp"
+#include "test_scale.hpp"
+
+namespace rb = ferry::detail::recv_blocks;
+
+namespace {
+
+// Every test starts and ends with an empty cache and the default limit.
+class RecvBlocks : public testing::Test {
+ protected:
+  void SetUp() override { rb::set_limit(0); rb::set_limit(kDefault); }
+  void TearDown() override { rb::set_limit(0); rb::set_limit(kDefault); }
+  static constexpr std::size_t kDefault = std::size_t{256} << 20;
+};
+
+bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 64 == 0; }
+
+}  // namespace
+
+TEST_F(RecvBlocks, AGivenBlockServesTheNextTakeOfItsClass) {
+  void* a = rb::take(1 << 20);
+  ASSERT_NE(a, nullptr);
+  EXPECT_TRUE(aligned(a));
+  std::memset(a, 0xAB, 1 << 20);  // the whole requested size is usable
+  rb::give(a);
+  EXPECT_EQ(rb::cached_bytes(), std::size_t{1} << 20);
+  void* b = rb::take((1 << 19) + 1);  // same power-of-two class
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(rb::cached_bytes(), 0u);
+  void* c = rb::take(1 << 20);  // the class is empty now: a new block
+  EXPECT_NE(c, b);
+  rb::give(b);
+  rb::give(c);
+  EXPECT_EQ(rb::cached_bytes(), std::size_t{2} << 20);
+}
+
+TEST_F(RecvBlocks, EachClassKeepsAtMostItsSlotsAndTheLimitHolds) {
+  std::vector<void*> blocks;
+  for (std::size_t i = 0; i < rb::kSlots + 3; ++i) blocks.push_back(rb::take(64 << 10));
+  for (void* b : blocks) rb::give(b);
+  EXPECT_EQ(rb::cached_bytes(), rb::kSlots * (64 << 10));
+  rb::set_limit(0);
+  EXPECT_EQ(rb::cached_bytes(), 0u) << "a zero limit hands every kept block back";
+  rb::set_limit(100 << 10);
+  void* x = rb::take(64 << 10);
+  void* y = rb::take(64 << 10);
+  rb::give(x);
+  rb::give(y);  // 128 KiB would pass the 100 KiB limit: freed
+  EXPECT_EQ(rb::cached_bytes(), std::size_t{64} << 10);
+}
+
+TEST_F(RecvBlocks, TinyAndHugeSizesWork) {
+  void* small = rb::take(1);
+  ASSERT_NE(small, nullptr);
+  EXPECT_TRUE(aligned(small));
+  rb::give(small);
+  EXPECT_EQ(rb::cached_bytes(), std::size_t{4} << 10) << "the smallest class is 4 KiB";
+  rb::give(nullptr);  // a no-op
+  // Past the largest class (1 GiB) a block is exact-sized and never kept. Only its first and
+  // last pages are touched, so this costs no real memory.
+  const std::size_t huge = (std::size_t{1} << 30) + 4096;
+  auto* h = static_cast<unsigned char*>(rb::take(huge));
+  ASSERT_NE(h, nullptr);
+  h[0] = 1;
+  h[huge - 1] = 2;
+  const std::size_t before = rb::cached_bytes();
+  rb::give(h);
+  EXPECT_EQ(rb::cached_bytes(), before);
+}
+
+TEST_F(RecvBlocks, ThreadsTakeAndGiveConcurrentlyWithoutSharingABlock) {
+  const int threads = 4;
+  const std::size_t rounds = ferry::test::scaled(20000);
+  std::vector<std::thread> pool;
+  std::vector<int> failures(threads, 0);
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([t, rounds, &failures] {
+      for (std::size_t i = 0; i < rounds; ++i) {
+        const std::size_t size = std::size_t{4096} << ((i + static_cast<std::size_t>(t)) % 4);
+        auto* b = static_cast<unsigned char*>(rb::take(size));
+        if (b == nullptr) {
+          ++failures[t];
+          continue;
+        }
+        // A block held by two threads at once would see the other's marks.
+        std::memset(b, t + 1, 64);
+        std::memset(b + size - 64, t + 1, 64);
+        std::this_thread::yield();
+        if (b[0] != t + 1 || b[63] != t + 1 || b[size - 1] != t + 1) ++failures[t];
+        rb::give(b);
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (int t = 0; t < threads; ++t) EXPECT_EQ(failures[t], 0) << "thread " << t;
+  EXPECT_LE(rb::cached_bytes(), 4 * rb::kSlots * (std::size_t{32} << 10));
+}
