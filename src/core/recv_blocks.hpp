@@ -32,7 +32,7 @@ namespace ferry::detail {
 
 namespace recv_blocks {
 
-inline constexpr std::size_t kSlots = 8;  // blocks kept per class
+inline constexpr std::size_t kSlots = 64;  // blocks kept per class: a window of 64 messages in flight
 
 // A block of at least `size` bytes, or nullptr when memory is short.
 void* take(std::size_t size) noexcept;
