@@ -103,16 +103,16 @@ void give(void* block) noexcept {
 void set_limit(std::size_t bytes) noexcept {
   Cache& c = cache();
   c.limit.store(bytes, std::memory_order_relaxed);
-  if (bytes != 0) return;
-  // Nothing may be kept: hand every kept block back to the allocator.
-  for (Class& cl : c.classes) {
-    for (;;) {
+  // Hand kept blocks back to the allocator, largest first, until the cache fits the new limit.
+  for (unsigned k = kClasses; k-- > 0;) {
+    Class& cl = c.classes[k];
+    while (c.cached.load(std::memory_order_relaxed) > bytes) {
       void* raw = nullptr;
       cl.lock.lock();
       if (cl.count != 0) raw = cl.blocks[--cl.count];
       cl.lock.unlock();
       if (raw == nullptr) break;
-      c.cached.fetch_sub(std::size_t{1} << (static_cast<Prefix*>(raw)->klass + kMinShift), std::memory_order_relaxed);
+      c.cached.fetch_sub(std::size_t{1} << (k + kMinShift), std::memory_order_relaxed);
       std::free(raw);
     }
   }

@@ -38,7 +38,7 @@ inline constexpr std::size_t kSlots = 64;  // blocks kept per class: a window of
 void* take(std::size_t size) noexcept;
 // Returns a block from take(): kept for reuse if its class and the limit have room, else freed.
 void give(void* block) noexcept;
-// Bytes the cache may keep in all (FERRY_RECV_CACHE).
+// Bytes the cache may keep in all (FERRY_RECV_CACHE); kept blocks past it are freed at once.
 void set_limit(std::size_t bytes) noexcept;
 // Bytes kept now (exact when no thread is in take or give).
 std::size_t cached_bytes() noexcept;

@@ -508,7 +508,9 @@ TEST(OptionTable, ListsEveryVariableOnceWithConsistentNames) {
     ASSERT_NE(o->help, nullptr);
     envs.insert(o->env);
     // The variable is FERRY_ + the field's name (amt::Options::threads: FERRY_AMT_THREADS).
-    const std::string env = o->env, tail = "_" + upper(o->name);
+    const std::string env = o->env;
+    std::string tail = upper(o->name);
+    tail.insert(tail.begin(), '_');
     EXPECT_EQ(env.rfind("FERRY_", 0), 0u) << env;
     EXPECT_TRUE(env.size() >= tail.size() && env.compare(env.size() - tail.size(), tail.size(), tail) == 0)
         << "field and variable names disagree: " << o->name << ", " << env;

@@ -47,6 +47,8 @@ TEST_F(RecvBlocks, EachClassKeepsAtMostItsSlotsAndTheLimitHolds) {
   for (std::size_t i = 0; i < rb::kSlots + 3; ++i) blocks.push_back(rb::take(64 << 10));
   for (void* b : blocks) rb::give(b);
   EXPECT_EQ(rb::cached_bytes(), rb::kSlots * (64 << 10));
+  rb::set_limit(std::size_t{3} << 16);
+  EXPECT_EQ(rb::cached_bytes(), std::size_t{3} << 16) << "a lower limit frees kept blocks down to it";
   rb::set_limit(0);
   EXPECT_EQ(rb::cached_bytes(), 0u) << "a zero limit hands every kept block back";
   rb::set_limit(100 << 10);
