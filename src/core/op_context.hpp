@@ -1,15 +1,15 @@
-// op_context.hpp — what libfabric hands back with each completion.
+// op_context.hpp — what a transport hands back with each completion.
 //
-// Every operation ferry gives to libfabric passes a pointer to an OpContext as its context.
-// OpContext starts with fi_context2, which satisfies both the FI_CONTEXT and FI_CONTEXT2 mode
-// bits (the provider may scribble on it until the operation completes), and then says what
-// kind of operation it is, so progress can dispatch without a lookup.
+// Every operation ferry gives to a transport passes a pointer to an OpContext. OpContext starts
+// with 64 bytes that belong to the backend from the post until the operation's event (libfabric
+// keeps its fi_context2 there, satisfying FI_CONTEXT and FI_CONTEXT2; the shared-memory backend
+// links its local completions through it), and then says what kind of operation it is, so
+// progress can dispatch without a lookup.
 #pragma once
-
-#include <rdma/fabric.h>
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 
 #include "ferry/completion.hpp"
 
@@ -23,18 +23,21 @@ enum class CtxKind : std::uint8_t {
   rdv_read,       // one chunk of a rendezvous read (RecvOp)
 };
 
-// The kind is written (release) just before an operation is handed to libfabric and read
-// (acquire) by whichever thread polls its completion. The provider orders the two already,
-// but through code and memory no tool can see (another process, for shm); this pair makes
-// the handoff of everything written before the post explicit. On x86 both are plain moves.
+// The kind is written (release) just before an operation is handed to a transport and read
+// (acquire) by whichever thread polls its completion. The transport orders the two already,
+// but through code and memory no tool can see (another process, for shared memory); this pair
+// makes the handoff of everything written before the post explicit. On x86 both are plain moves.
 struct OpContext {
-  struct fi_context2 fi;
+  static constexpr std::size_t kBackendBytes = 64;
+  alignas(8) unsigned char backend[kBackendBytes];
   std::atomic<CtxKind> kind_{CtxKind::recv_packet};
 
   OpContext() = default;
-  OpContext(const OpContext& o) noexcept : fi(o.fi), kind_(o.kind_.load(std::memory_order_relaxed)) {}
+  OpContext(const OpContext& o) noexcept : kind_(o.kind_.load(std::memory_order_relaxed)) {
+    std::memcpy(backend, o.backend, sizeof(backend));
+  }
   OpContext& operator=(const OpContext& o) noexcept {
-    fi = o.fi;
+    std::memcpy(backend, o.backend, sizeof(backend));
     kind_.store(o.kind_.load(std::memory_order_relaxed), std::memory_order_relaxed);
     return *this;
   }

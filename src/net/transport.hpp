@@ -1,0 +1,122 @@
+// transport.hpp — the contract between ferry's core and a network backend.
+//
+// A Transport is one device's connection to the peers one backend reaches: libfabric
+// (net/ofi/), ferry's own shared memory (net/shm/), and later others. The core owns the
+// protocols (eager, fragments, rendezvous, RMA records) and speaks to a backend only through
+// this interface; no backend type or error code leaks into core/.
+//
+// Contract
+//  - Posts (inject, send, put, put_data, inject_put, get) may be called by any thread,
+//    concurrently, unless the device's lock model serialises them; a backend adds no lock of
+//    its own where its structures are lock-free. post_recv, poll and cancel_all are called
+//    only by the thread that holds the device's poll lock, one at a time.
+//  - Every post returns 0 (accepted), -EAGAIN (no resources now: the core answers retry) or
+//    another negative errno value (the operation cannot be done; the core reports it). No post
+//    blocks.
+//  - inject copies the message at once and produces no event. send, post_recv, put, put_data
+//    and get each produce exactly one event carrying their OpContext, success or error,
+//    from a later poll. inject_put produces none.
+//  - A put_data also produces, at the target, one event with remote_write set, the data and
+//    the length, after the written bytes are visible there.
+//  - Messages from one sender to one receiver on one transport arrive in the order sent.
+//  - OpContext::backend (64 bytes) belongs to the backend from the post until its event.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/op_context.hpp"
+
+namespace ferry::net {
+
+// What a backend can do. The core reads it once per device and obeys it on every operation.
+struct Caps {
+  std::string name;                // "shm", "ofi/tcp;ofi_rxm", ...
+  std::size_t inject_size = 0;     // largest message inject() takes
+  std::size_t max_msg_size = 0;    // largest single send and receive
+  std::size_t max_rma_size = 0;    // largest single put or get
+  std::size_t remote_data_bytes = 0;  // immediate data bytes a put_data delivers (0: none)
+  std::size_t send_queue = 0;      // sends and RMA transfers held at once (0: unbounded)
+  bool rma_virtual_address = true;  // RMA addresses are the owner's virtual addresses, else offsets
+  bool local_registration = false;  // local buffers need a registration's desc() (FI_MR_LOCAL)
+  bool remote_data_consumes_recv = false;  // a put_data's target event uses up a posted receive
+  bool reports_source = true;       // events of received messages and remote writes name the rank
+};
+
+// What a registration allows.
+enum class Access : std::uint8_t {
+  send = 1,          // a local source of send/put
+  recv = 2,          // a local destination of recv/get
+  remote_read = 4,   // peers may get from it
+  remote_write = 8,  // peers may put into it
+};
+constexpr Access operator|(Access a, Access b) noexcept {
+  return static_cast<Access>(static_cast<std::uint8_t>(a) | static_cast<std::uint8_t>(b));
+}
+constexpr bool has(Access set, Access bit) noexcept {
+  return (static_cast<std::uint8_t>(set) & static_cast<std::uint8_t>(bit)) != 0;
+}
+
+// A backend's record of one registered memory range; opaque to the core.
+class Registration {
+ public:
+  virtual ~Registration() = default;
+  // What a peer needs to name this range in RMA (with its address, per rma_virtual_address).
+  virtual std::uint64_t key() const noexcept = 0;
+  // What a local post of a buffer in this range passes as `desc` (null when not needed).
+  virtual void* desc() const noexcept = 0;
+};
+
+// One completion, success or error.
+struct Event {
+  detail::OpContext* context = nullptr;  // the post's context; remote_write: null unless it used up a receive
+  std::size_t length = 0;   // recv: bytes received; remote_write: bytes written
+  std::uint64_t data = 0;   // remote_write: the put_data's data
+  std::int32_t rank = -1;   // the peer: the sender of a recv or remote_write, the target of a post; -1 unknown
+  std::int32_t error = 0;   // 0, or a negative errno value (-EMSGSIZE: truncated, -ECANCELED, -EIO, ...)
+  bool remote_write = false;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  const Caps& caps() const noexcept { return caps_; }
+
+  // This transport's address, for the bootstrap's exchange ("" when it has none to give).
+  virtual std::string address() const = 0;
+  // addresses[r] is rank r's address on this transport, or "" for ranks another transport
+  // reaches; afterwards posts to every rank with an address work.
+  virtual void connect(const std::vector<std::string>& addresses) = 0;
+  // Every rank of the job has connected (called after a job-wide fence).
+  virtual void connected() {}
+
+  virtual int inject(int rank, const void* buf, std::size_t len) = 0;
+  virtual int send(int rank, const void* buf, std::size_t len, void* desc, detail::OpContext* ctx) = 0;
+  virtual int post_recv(void* buf, std::size_t len, void* desc, detail::OpContext* ctx) = 0;
+  virtual int put(int rank, const void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
+                  detail::OpContext* ctx) = 0;
+  virtual int put_data(int rank, const void* buf, std::size_t len, void* desc, std::uint64_t data, std::uint64_t addr,
+                       std::uint64_t key, detail::OpContext* ctx) = 0;
+  virtual int inject_put(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key) = 0;
+  virtual int get(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
+                  detail::OpContext* ctx) = 0;
+
+  // Up to `max` events; returns how many.
+  virtual int poll(Event* events, int max) = 0;
+  // Registers [buf, buf+len). Throws ferry::Error naming the range on failure. The result
+  // stays valid until deregister.
+  virtual Registration* register_memory(const void* buf, std::size_t len, Access access) = 0;
+  virtual void deregister(Registration* r) noexcept { delete r; }
+  // Teardown: gives up every posted receive (their events need not be delivered).
+  virtual void cancel_all() noexcept = 0;
+
+ protected:
+  Caps caps_;
+};
+
+// "fi_send: Resource temporarily unavailable (-11)"-style text for a post's result.
+std::string error_text(const char* call, int rc);
+
+}  // namespace ferry::net
