@@ -15,6 +15,8 @@
 #include "core/wire.hpp"
 #include "ferry/error.hpp"
 
+static_assert(sizeof(fi_context2) <= ferry::detail::OpContext::kBackendBytes);
+
 namespace ferry::detail {
 
 namespace {
@@ -365,7 +367,7 @@ Status DeviceImpl::send_packet(Packet* p, int rank, std::size_t length) {
   }
   p->send.rank = rank;
   p->ctx.set_kind(CtxKind::send_packet);  // release: after every field the completion reads
-  const ssize_t rc = fi_send(ep, p->data(), length, pool_desc_, static_cast<fi_addr_t>(rank), &p->ctx.fi);
+  const ssize_t rc = fi_send(ep, p->data(), length, pool_desc_, static_cast<fi_addr_t>(rank), p->ctx.backend);
   if (rc == 0) return Status::make_done();
   return_credit();
   pool_->put(p);
@@ -696,7 +698,7 @@ static bool issue_reads(DeviceImpl& dev, RecvOp* op) {
   while (op->issued < op->chunks.size()) {
     Chunk& c = op->chunks[op->issued];
     if (!dev.take_credit()) return false;
-    const ssize_t rc = fi_read(ep, c.local, c.size, c.desc, static_cast<fi_addr_t>(op->rank), c.remote_addr, c.key, &c.ctx.fi);
+    const ssize_t rc = fi_read(ep, c.local, c.size, c.desc, static_cast<fi_addr_t>(op->rank), c.remote_addr, c.key, c.ctx.backend);
     if (rc == -FI_EAGAIN) {
       dev.return_credit();
       return false;
@@ -1050,11 +1052,11 @@ static bool issue_rma(DeviceImpl& dev, RmaOp* op) {
     ssize_t rc;
     const auto to = static_cast<fi_addr_t>(op->rank);
     if (op->op == OpKind::get) {
-      rc = fi_read(ep, c.local, c.size, c.desc, to, c.remote_addr, c.key, &c.ctx.fi);
+      rc = fi_read(ep, c.local, c.size, c.desc, to, c.remote_addr, c.key, c.ctx.backend);
     } else if (last && op->notify) {
-      rc = fi_writedata(ep, c.local, c.size, c.desc, op->notify_data, to, c.remote_addr, c.key, &c.ctx.fi);
+      rc = fi_writedata(ep, c.local, c.size, c.desc, op->notify_data, to, c.remote_addr, c.key, c.ctx.backend);
     } else {
-      rc = fi_write(ep, c.local, c.size, c.desc, to, c.remote_addr, c.key, &c.ctx.fi);
+      rc = fi_write(ep, c.local, c.size, c.desc, to, c.remote_addr, c.key, c.ctx.backend);
     }
     if (rc == -FI_EAGAIN) {
       dev.return_credit();
@@ -1126,16 +1128,16 @@ static Status post_rma(DeviceImpl& dev, const RmaRequest& r) {
       dev.pool().put(p);
       return Status::make_retry(RetryReason::send_queue);
     }
-    p->rma = RmaSingle{r.op, r.rank, r.size, r.local_comp, r.context, mr};
+    p->rma = RmaSingle{r.op, r.rank, r.size, r.local_comp, r.context, reinterpret_cast<net::Registration*>(mr)};
     p->ctx.set_kind(CtxKind::rma_single);  // release: after every field the completion reads
     void* desc = mr != nullptr ? fi_mr_desc(mr) : nullptr;
     ssize_t rc;
     if (r.op == OpKind::get) {
-      rc = fi_read(ep, r.local, r.size, desc, to, addr, r.remote.key, &p->ctx.fi);
+      rc = fi_read(ep, r.local, r.size, desc, to, addr, r.remote.key, p->ctx.backend);
     } else if (r.notify) {
-      rc = fi_writedata(ep, r.local, r.size, desc, r.notify_data, to, addr, r.remote.key, &p->ctx.fi);
+      rc = fi_writedata(ep, r.local, r.size, desc, r.notify_data, to, addr, r.remote.key, p->ctx.backend);
     } else {
-      rc = fi_write(ep, r.local, r.size, desc, to, addr, r.remote.key, &p->ctx.fi);
+      rc = fi_write(ep, r.local, r.size, desc, to, addr, r.remote.key, p->ctx.backend);
     }
     if (rc == 0) return Status::make_posted();
     dev.return_credit();
@@ -1228,7 +1230,7 @@ void DeviceImpl::repost() {
     Packet* p = pool_->get();
     if (p == nullptr) return;  // the pool is dry: try again on the next progress
     p->ctx.set_kind(CtxKind::recv_packet);
-    const ssize_t rc = fi_recv(ep, p->data(), config_.packet_size, pool_desc_, FI_ADDR_UNSPEC, &p->ctx.fi);
+    const ssize_t rc = fi_recv(ep, p->data(), config_.packet_size, pool_desc_, FI_ADDR_UNSPEC, p->ctx.backend);
     if (rc != 0) {
       pool_->put(p);
       if (rc != -FI_EAGAIN) {
@@ -1271,7 +1273,7 @@ void DeviceImpl::on_error(const fi_cq_err_entry& e) {
       auto* p = reinterpret_cast<Packet*>(ctx);
       const RmaSingle op = p->rma;
       return_credit();
-      net::close_mr(op.mr);
+      net::close_mr(reinterpret_cast<fid_mr*>(op.mr));
       Completion c;
       c.op = op.op;
       c.rank = op.rank;
@@ -1340,7 +1342,7 @@ bool DeviceImpl::progress() {
           auto* p = reinterpret_cast<Packet*>(ctx);
           const RmaSingle op = p->rma;
           return_credit();
-          net::close_mr(op.mr);
+          net::close_mr(reinterpret_cast<fid_mr*>(op.mr));
           Completion c;
           c.op = op.op;
           c.rank = op.rank;

@@ -26,6 +26,10 @@
 #include "core/op_context.hpp"
 #include "ferry/completion.hpp"
 
+namespace ferry::net {
+class Registration;
+}
+
 namespace ferry::detail {
 
 class PacketPool;
@@ -98,11 +102,11 @@ struct RmaSingle {
   std::size_t size;
   CompletionObject* local;
   void* context;
-  fid_mr* mr;  // a temporary registration of the local buffer (FI_MR_LOCAL), or null
+  net::Registration* mr;  // a temporary registration of the local buffer (local_registration), or null
 };
 
 struct alignas(cache_line) Packet {
-  OpContext ctx;  // must be first: libfabric hands back &ctx.fi as the op context
+  OpContext ctx;  // must be first: a transport hands back &ctx as the op context
   PacketPool* pool;
   // The link of the one intrusive list that holds the packet, if any: a matching engine list
   // (recv, arrived) or the device's backlog (backlog).
@@ -124,7 +128,7 @@ struct alignas(cache_line) Packet {
 };
 static_assert(sizeof(Packet) % cache_line == 0, "payloads must stay cache-line aligned");
 static_assert(alignof(Packet) == cache_line, "a packet's metadata starts a line: no packet shares one with another");
-static_assert(offsetof(Packet, ctx) == 0, "libfabric's context pointer is the packet pointer");
+static_assert(offsetof(Packet, ctx) == 0, "an event's context pointer is the packet pointer");
 static_assert(std::is_trivially_copyable_v<RecvDescriptor> && std::is_trivially_copyable_v<ArrivedMessage> &&
                   std::is_trivially_copyable_v<EagerSend> && std::is_trivially_copyable_v<BacklogTail> &&
                   std::is_trivially_copyable_v<RmaSingle>,
