@@ -88,7 +88,7 @@ struct Completion {
   Tag tag = 0;
   std::size_t size = 0;       // bytes moved (a receive: bytes delivered)
   void* context = nullptr;    // the caller's context pointer from the post
-  int error = 0;              // 0, or a negative libfabric error code
+  int error = 0;              // 0, or a negative errno value (-EMSGSIZE: truncated, -EIO, -ENOMEM, ...)
   Buffer buffer;              // remote_am: the eager payload, now owned by the caller
   std::vector<Buffer> parts;  // remote_am from post_am_iovec: the zero-copy parts
 

@@ -264,7 +264,11 @@ class OptionTable {
 // the environment ("csync", "thread:2").
 struct RuntimeOptions {
   std::string bootstrap{};
+  std::string transport{};  // auto, shm, ofi
+  std::string host{};
   std::string provider{};
+  std::string shm_copy{};  // auto, cma, copy
+  std::size_t shm_cells = 0;
   int devices = 0;
   std::size_t packet_size = 0;
   std::size_t packets = 0;
@@ -287,6 +291,11 @@ struct RuntimeOptions {
 enum class BootstrapKind : std::uint8_t { automatic, single, pmi1, pmix };
 enum class LockModel : std::uint8_t { lockless, trylock, block, lockq, csync, offload };
 enum class FragmentMode : std::uint8_t { automatic, off };
+// Which backend reaches a peer: `automatic` is shared memory within a host, libfabric across.
+enum class TransportKind : std::uint8_t { automatic, shm, ofi };
+// How the shared-memory backend moves large data: `automatic` uses cross-memory attach where
+// the kernel allows it, else copies through shared memory.
+enum class ShmCopyMode : std::uint8_t { automatic, cma, copy };
 // sync is the ferry parcelport's mechanism; the core's queues use the array ring for it.
 enum class CompletionMechanism : std::uint8_t { cq, cq_ms, cq_lock, sync };
 // thread:N is carried out by the core (N progress threads), the others by the layer above.
@@ -295,7 +304,11 @@ enum class ProgressMode : std::uint8_t { explicit_calls, implicit, thread, steal
 // The core's options, resolved and typed.
 struct RuntimeSettings {
   BootstrapKind bootstrap = BootstrapKind::automatic;
+  TransportKind transport = TransportKind::automatic;
+  std::string host;
   std::string provider;
+  ShmCopyMode shm_copy = ShmCopyMode::automatic;
+  std::size_t shm_cells = 0;
   int devices = 0;
   std::size_t packet_size = 0;
   std::size_t packets = 0;

@@ -201,7 +201,11 @@ class Runtime {
   int size() const noexcept;
   int device_count() const noexcept;
   Device& device(int index = 0);
+  // The libfabric provider the ofi backend uses, or "none" when no peer is reached through it.
   std::string provider() const;
+  // The backends device 0 uses: "shm", "ofi/tcp;ofi_rxm", or "shm+ofi/tcp;ofi_rxm" when ranks
+  // on this host talk through shared memory and the others through libfabric.
+  std::string transport() const;
   std::string bootstrap() const;
   // The core's options in force (runtime_option_table() in options.hpp), typed
   // (`options().settings.lock_model`) and as text with their source (`options().value("progress")`).

@@ -1,4 +1,4 @@
-#include <rdma/fi_errno.h>
+#include <cstring>
 
 #include <mutex>
 #include <string>
@@ -48,7 +48,7 @@ const char* to_string(OpKind kind) noexcept {
 
 std::string Completion::error_string() const {
   if (error == 0) return "success";
-  return std::string(fi_strerror(-error)) + " (" + std::to_string(error) + ") with rank " + std::to_string(rank);
+  return std::string(std::strerror(-error)) + " (" + std::to_string(error) + ") with rank " + std::to_string(rank);
 }
 
 namespace detail {

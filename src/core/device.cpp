@@ -1,9 +1,7 @@
 #include "core/device.hpp"
 
-#include <rdma/fi_errno.h>
-#include <rdma/fi_rma.h>
-
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -14,8 +12,6 @@
 #include "core/runtime_impl.hpp"
 #include "core/wire.hpp"
 #include "ferry/error.hpp"
-
-static_assert(sizeof(fi_context2) <= ferry::detail::OpContext::kBackendBytes);
 
 namespace ferry::detail {
 
@@ -78,15 +74,16 @@ struct SendOp {
   std::size_t size;
   CompletionObject* local;
   void* context;
-  std::vector<fid_mr*> mrs;
+  net::Transport* transport;  // the one the RTS went over; it holds the registrations
+  std::vector<net::Registration*> registrations;
 };
 
-// One RMA transfer of at most max_msg_size bytes.
+// One RMA transfer of at most max_rma_size bytes.
 struct Chunk {
-  OpContext ctx;  // first: libfabric's context
+  OpContext ctx;  // first: the transport's context
   void* owner;    // RecvOp* or RmaOp*
   unsigned char* local;
-  void* desc;  // FI_MR_LOCAL descriptor of `local`, or null
+  void* desc;  // the registration desc() of `local` under local_registration, or null
   std::size_t size;
   std::uint64_t remote_addr;
   std::uint64_t key;
@@ -107,7 +104,8 @@ struct RecvOp {
   void* context = nullptr;
   Buffer eager;               // iovec: the eager part
   std::vector<Buffer> parts;  // am: [0] is the whole message; iovec: each zero-copy part
-  std::vector<fid_mr*> mrs;   // FI_MR_LOCAL registrations of the destinations
+  Link* link = nullptr;       // the sender's link
+  std::vector<net::Registration*> registrations;  // of the destinations, under local_registration
   std::vector<Chunk> chunks;
   std::size_t issued = 0;
   std::size_t completed = 0;
@@ -124,48 +122,74 @@ struct RmaOp {
   bool notify;
   std::uint64_t notify_data;
   int error = 0;
-  fid_mr* mr = nullptr;
+  Link* link = nullptr;
+  net::Registration* registration = nullptr;  // of the local buffer, under local_registration
   std::vector<Chunk> chunks;
   std::size_t issued = 0;
   std::size_t completed = 0;
 };
 
-RegionImpl::~RegionImpl() { net::close_mr(mr); }
+RegionImpl::~RegionImpl() {
+  for (auto& [transport, registration] : registrations) transport->deregister(registration);
+}
+
+namespace {
+// Deregisters a temporary registration; null is fine.
+void release_registration(net::Transport* t, net::Registration* r) noexcept {
+  if (r != nullptr) t->deregister(r);
+}
+}  // namespace
 
 // ---- setup ----------------------------------------------------------------------------
 
-DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, net::Fabric& fabric, const Config& config)
+DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, const Config& config,
+                       std::vector<std::unique_ptr<net::Transport>> transports, const std::vector<int>& route)
     : runtime_(runtime),
       index_(index),
-      caps_(fabric.caps()),
       config_(config),
       pool_(std::make_unique<PacketPool>(config.packets, config.packet_size)),
       recv_descriptors_(std::make_unique<PacketPool>(config.recv_descriptors, 64)),
-      endpoint_(fabric, 0),
+      transports_(std::move(transports)),
       eager_limit_(config.packet_size - kHeader),
-      credits_max_(config.send_credits != 0 ? config.send_credits
-                                            : (caps_.tx_size != 0 ? caps_.tx_size : 256)),
-      credits_(static_cast<std::int64_t>(credits_max_)) {
+      credits_max_(config.send_credits),
+      credits_(0) {
   if (config.rdv_threshold != 0 && config.rdv_threshold < eager_limit_) eager_limit_ = config.rdv_threshold;
-  if (eager_limit_ > caps_.max_msg_size - kHeader) eager_limit_ = caps_.max_msg_size - kHeader;
+  std::size_t send_queue = 0;
+  for (const auto& t : transports_) {
+    const net::Caps& caps = t->caps();
+    if (eager_limit_ > caps.max_msg_size - kHeader) eager_limit_ = caps.max_msg_size - kHeader;
+    if (caps.send_queue != 0) send_queue = send_queue == 0 ? caps.send_queue : std::min(send_queue, caps.send_queue);
+  }
+  if (credits_max_ == 0) credits_max_ = send_queue != 0 ? send_queue : 256;
+  credits_.store(static_cast<std::int64_t>(credits_max_), std::memory_order_relaxed);
   // Fragments carry messages up to FERRY_FRAGMENT_MAX (or the packet's eager limit, if larger),
   // never past an explicit rendezvous threshold; 32-bit offsets on the wire.
   std::size_t limit = std::max(eager_limit_, config.fragment_max);
   if (config.rdv_threshold != 0) limit = std::min(limit, config.rdv_threshold);
   limit = std::min<std::size_t>(limit, std::numeric_limits<std::uint32_t>::max());
-  if (config.fragment == FragmentMode::automatic && caps_.inject_size >= kMinFragmentInject && kHeader + limit > caps_.inject_size) {
-    fragment_payload_ = std::min(caps_.inject_size, kMaxFragmentFrame) - kFragmentHeader;
-    fragment_limit_ = limit;
-    partials_.reserve(64);
+  links_.reserve(transports_.size());
+  for (const auto& t : transports_) {
+    const net::Caps& caps = t->caps();
+    Link l{t.get(), &caps, nullptr, nullptr, 0, 0, 0};
+    if (config.fragment == FragmentMode::automatic && caps.inject_size >= kMinFragmentInject &&
+        kHeader + limit > caps.inject_size) {
+      l.fragment_payload = std::min(caps.inject_size, kMaxFragmentFrame) - kFragmentHeader;
+      l.fragment_limit = limit;
+      fragment_limit_ = std::max(fragment_limit_, limit);
+      partials_.reserve(64);
+    }
+    // The packet slab is registered once per transport; the desc matters only under local_registration.
+    l.pool_registration = t->register_memory(pool_->slab(), pool_->slab_bytes(), net::Access::send | net::Access::recv);
+    l.pool_desc = caps.local_registration ? l.pool_registration->desc() : nullptr;
+    links_.push_back(l);
   }
-  // The packet slab is registered once; the descriptor matters only under FI_MR_LOCAL.
-  pool_mr_ = endpoint_.register_memory(pool_->slab(), pool_->slab_bytes(), FI_SEND | FI_RECV);
-  pool_desc_ = caps_.mr_local ? fi_mr_desc(pool_mr_) : nullptr;
+  route_.resize(route.size(), nullptr);
+  for (std::size_t r = 0; r < route.size(); ++r) route_[r] = &links_[static_cast<std::size_t>(route[r])];
 }
 
 DeviceImpl::~DeviceImpl() {
-  // Cancel what the provider still holds, then give the packets back so the pool can go.
-  fi_cancel(&endpoint_.ep()->fid, nullptr);
+  // Cancel what the transports still hold, then give the packets back so the pool can go.
+  for (Link& l : links_) l.transport->cancel_all();
   matching_.drain([](Packet* r) { r->pool->put_shared(r); },
                   [](Packet* m) {
                     recv_blocks::give(m->arrived.heap);
@@ -175,15 +199,24 @@ DeviceImpl::~DeviceImpl() {
   for (Packet* p = backlog_head_; p != nullptr; p = p->next) {
     if (p->backlog.frame != p->data()) std::free(p->backlog.frame);
   }
-  net::close_mr(pool_mr_);
-  // endpoint_ closes in its destructor before pool_ frees the slab (declaration order).
+  for (Link& l : links_) l.transport->deregister(l.pool_registration);
+  // transports_ close in their destructors before pool_ frees the slab (declaration order).
 }
 
-void DeviceImpl::connect(const std::vector<std::string>& addresses) {
-  endpoint_.insert_addresses(addresses);
+void DeviceImpl::start() {
   std::lock_guard<SpinLock> guard(poll_lock_);
-  repost();
-  if (posted_recvs_ == 0) throw Error("device " + std::to_string(index_) + ": could not post any receive buffer");
+  for (Link& l : links_) {
+    repost(l);
+    if (l.posted_recvs == 0) {
+      throw Error("device " + std::to_string(index_) + ": could not post any receive buffer on " + l.caps->name);
+    }
+  }
+}
+
+std::string DeviceImpl::transport_names() const {
+  std::string out;
+  for (const Link& l : links_) out += (out.empty() ? "" : "+") + l.caps->name;
+  return out;
 }
 
 // ---- checks -----------------------------------------------------------------------------
@@ -196,8 +229,8 @@ void check_remote(const char* call, int rank, int device, const RemoteKey& key, 
 // the fast path pays a few predictable branches.
 namespace {
 
-[[noreturn, gnu::cold, gnu::noinline]] void throw_provider(const char* call, ssize_t rc, int rank) {
-  throw Error(net::fi_error(call, rc) + " to rank " + std::to_string(rank));
+[[noreturn, gnu::cold, gnu::noinline]] void throw_transport(const Link& link, const char* call, int rc, int rank) {
+  throw Error(net::error_text(call, rc) + " to rank " + std::to_string(rank) + " over " + link.caps->name);
 }
 
 [[noreturn, gnu::cold, gnu::noinline]] void throw_target(const char* call, std::uint16_t id, std::size_t max) {
@@ -353,13 +386,13 @@ void DeviceImpl::run_deferred() {
 
 // Sends p's first `length` payload bytes to `rank`. The packet is consumed on every path.
 Status DeviceImpl::send_packet(Packet* p, int rank, std::size_t length) {
-  fid_ep* ep = endpoint_.ep();
-  if (length <= caps_.inject_size) {
-    const ssize_t rc = fi_inject(ep, p->data(), length, static_cast<fi_addr_t>(rank));
+  Link& l = link(rank);
+  if (length <= l.caps->inject_size) {
+    const int rc = l.transport->inject(rank, p->data(), length);
     pool_->put(p);
     if (rc == 0) return Status::make_done();
-    if (rc == -FI_EAGAIN) return Status::make_retry(RetryReason::provider);
-    throw_provider("fi_inject", rc, rank);
+    if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+    throw_transport(l, "inject", rc, rank);
   }
   if (!take_credit()) {
     pool_->put(p);
@@ -367,12 +400,12 @@ Status DeviceImpl::send_packet(Packet* p, int rank, std::size_t length) {
   }
   p->send.rank = rank;
   p->ctx.set_kind(CtxKind::send_packet);  // release: after every field the completion reads
-  const ssize_t rc = fi_send(ep, p->data(), length, pool_desc_, static_cast<fi_addr_t>(rank), p->ctx.backend);
+  const int rc = l.transport->send(rank, p->data(), length, l.pool_desc, &p->ctx);
   if (rc == 0) return Status::make_done();
   return_credit();
   pool_->put(p);
-  if (rc == -FI_EAGAIN) return Status::make_retry(RetryReason::provider);
-  throw_provider("fi_send", rc, rank);
+  if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+  throw_transport(l, "send", rc, rank);
 }
 
 namespace {
@@ -387,11 +420,12 @@ Packet* fill_header(Packet* p, MsgKind kind, std::uint16_t target, int src, Tag 
 Status DeviceImpl::post_am(const AmArgs& a) {
   check(a);
   if (!backlog_clear()) return Status::make_retry(RetryReason::provider);
-  if (fragmented(a.size)) return post_fragments(MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
+  Link& l = link(a.rank);
+  if (l.fragmented(a.size)) return post_fragments(l, MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
   if (a.size > eager_limit_) {
     return post_rendezvous(OpKind::am, a.rank, a.tag, a.target.id, a.buffer, a.size, a.local, a.context);
   }
-  if (kHeader + a.size <= kStackInject && kHeader + a.size <= caps_.inject_size) {
+  if (kHeader + a.size <= kStackInject && kHeader + a.size <= l.caps->inject_size) {
     return inject_small(MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
   }
   Packet* p = pool_->get();
@@ -413,15 +447,16 @@ Status DeviceImpl::inject_small(MsgKind kind, std::uint16_t target, Tag tag, int
   alignas(16) unsigned char frame[kStackInject];
   encode(frame, WireHeader{kind, 0, target, runtime_.rank(), tag, 0});
   if (size != 0) std::memcpy(frame + kHeader, buffer, size);
-  const ssize_t rc = fi_inject(endpoint_.ep(), frame, kHeader + size, static_cast<fi_addr_t>(rank));
+  Link& l = link(rank);
+  const int rc = l.transport->inject(rank, frame, kHeader + size);
   if (rc == 0) return Status::make_done();
-  if (rc == -FI_EAGAIN) return Status::make_retry(RetryReason::provider);
-  throw_provider("fi_inject", rc, rank);
+  if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+  throw_transport(l, "inject", rc, rank);
 }
 
 // The pieces go straight from the caller's buffer; only a tail the provider refuses is copied
 // (into the packet taken up front, so an empty pool is a retry before anything is sent).
-Status DeviceImpl::post_fragments(MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer,
+Status DeviceImpl::post_fragments(Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer,
                                   std::size_t size) {
   Packet* spare = pool_->get();
   if (spare == nullptr) return Status::make_retry(RetryReason::packet_pool);
@@ -429,17 +464,17 @@ Status DeviceImpl::post_fragments(MsgKind kind, std::uint16_t target, Tag tag, i
   alignas(16) unsigned char frame[kMaxFragmentFrame];
   encode(frame, WireHeader{MsgKind::frag, static_cast<std::uint8_t>(kind), target, runtime_.rank(), tag, id});
   const auto* src = static_cast<const unsigned char*>(buffer);
-  fid_ep* ep = endpoint_.ep();
-  for (std::size_t off = 0; off < size; off += fragment_payload_) {
-    const std::size_t n = std::min(fragment_payload_, size - off);
+  const std::size_t payload = l.fragment_payload;
+  for (std::size_t off = 0; off < size; off += payload) {
+    const std::size_t n = std::min(payload, size - off);
     encode(frame + kHeader, FragBody{static_cast<std::uint32_t>(off), static_cast<std::uint32_t>(size)});
     std::memcpy(frame + kFragmentHeader, src + off, n);
-    const ssize_t rc = fi_inject(ep, frame, kFragmentHeader + n, static_cast<fi_addr_t>(rank));
+    const int rc = l.transport->inject(rank, frame, kFragmentHeader + n);
     if (rc == 0) continue;
-    if (rc != -FI_EAGAIN || off == 0) {
+    if (rc != -EAGAIN || off == 0) {
       pool_->put(spare);
-      if (rc == -FI_EAGAIN) return Status::make_retry(RetryReason::provider);
-      throw_provider("fi_inject", rc, rank);
+      if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+      throw_transport(l, "inject", rc, rank);
     }
     // The provider took the first pieces: the rest must follow them, so it joins the backlog.
     // Layout: [frame header][remaining bytes], in the spare packet or, for a message larger
@@ -476,21 +511,21 @@ Status DeviceImpl::post_fragments(MsgKind kind, std::uint16_t target, Tag tag, i
 bool DeviceImpl::flush_backlog() {
   std::unique_lock<SpinLock> guard(backlog_lock_, std::try_to_lock);
   if (!guard.owns_lock()) return false;
-  fid_ep* ep = endpoint_.ep();
   while (Packet* packet = backlog_head_) {
     BacklogTail* p = &packet->backlog;
     unsigned char* d = p->frame;
+    Link& l = link(p->rank);
     while (p->remaining() != 0) {
-      const std::size_t n = std::min<std::size_t>(fragment_payload_, p->remaining());
+      const std::size_t n = std::min<std::size_t>(l.fragment_payload, p->remaining());
       unsigned char* piece = d + p->sent;  // its bytes start at piece + kFragmentHeader
-      if (p->sent != 0) std::memcpy(piece, d, kHeader);  // sent >= fragment_payload_ > kHeader: no overlap
+      if (p->sent != 0) std::memcpy(piece, d, kHeader);  // sent >= fragment_payload > kHeader: no overlap
       encode(piece + kHeader, FragBody{p->offset(), p->size});
-      const ssize_t rc = fi_inject(ep, piece, kFragmentHeader + n, static_cast<fi_addr_t>(p->rank));
-      if (rc == -FI_EAGAIN) return false;
+      const int rc = l.transport->inject(p->rank, piece, kFragmentHeader + n);
+      if (rc == -EAGAIN) return false;
       if (rc != 0) {
         // The peer is unreachable: the rest of this message cannot be delivered. Said, not hidden.
         FERRY_LOG_AT(error, runtime_.rank(), index_, "dropped the rest of a %zu-byte message to rank %d: %s",
-                     static_cast<std::size_t>(p->size), p->rank, net::fi_error("fi_inject", rc).c_str());
+                     static_cast<std::size_t>(p->size), p->rank, net::error_text("inject", rc).c_str());
         break;
       }
       p->sent += static_cast<std::uint32_t>(n);
@@ -514,11 +549,12 @@ bool DeviceImpl::post_barrier_step(int rank, std::uint32_t step) {
 Status DeviceImpl::post_send(const SendArgs& a) {
   check(a);
   if (!backlog_clear()) return Status::make_retry(RetryReason::provider);
-  if (fragmented(a.size)) return post_fragments(MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
+  Link& l = link(a.rank);
+  if (l.fragmented(a.size)) return post_fragments(l, MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
   if (a.size > eager_limit_) {
     return post_rendezvous(OpKind::send, a.rank, a.tag, 0, a.buffer, a.size, a.local, a.context);
   }
-  if (kHeader + a.size <= kStackInject && kHeader + a.size <= caps_.inject_size) {
+  if (kHeader + a.size <= kStackInject && kHeader + a.size <= l.caps->inject_size) {
     return inject_small(MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
   }
   Packet* p = pool_->get();
@@ -540,24 +576,26 @@ Status DeviceImpl::post_rendezvous(OpKind op, int rank, Tag tag, std::uint16_t t
   send->size = size;
   send->local = local;
   send->context = context;
+  Link& l = link(rank);
+  send->transport = l.transport;
   try {
-    send->mrs.push_back(endpoint_.register_memory(buffer, size, FI_REMOTE_READ | FI_SEND));
+    send->registrations.push_back(l.transport->register_memory(buffer, size, net::Access::remote_read | net::Access::send));
   } catch (...) {
     pool_->put(p);
     delete send;
     throw;
   }
-  fid_mr* mr = send->mrs[0];
+  net::Registration* mr = send->registrations[0];
   fill_header(p, op == OpKind::am ? MsgKind::rts_am : MsgKind::rts_msg, target, runtime_.rank(), tag);
   encode(p->data() + kHeader,
-         RtsBody{size, caps_.mr_virt_addr ? reinterpret_cast<std::uint64_t>(buffer) : 0, fi_mr_key(mr),
+         RtsBody{size, l.caps->rma_virtual_address ? reinterpret_cast<std::uint64_t>(buffer) : 0, mr->key(),
                  reinterpret_cast<std::uint64_t>(send)});
   open_ops_.fetch_add(1, std::memory_order_relaxed);
   send->ready.store(true, std::memory_order_release);
   const Status s = send_packet(p, rank, kHeader + sizeof(RtsBody));
   if (s.is_retry()) {
     open_ops_.fetch_sub(1, std::memory_order_relaxed);
-    net::close_mr(mr);
+    l.transport->deregister(mr);
     delete send;
     return s;
   }
@@ -576,6 +614,8 @@ Status DeviceImpl::post_am_iovec(const AmIovecArgs& a) {
   send->size = a.eager.size + total;
   send->local = a.local;
   send->context = a.context;
+  Link& l = link(a.rank);
+  send->transport = l.transport;
   unsigned char* at = p->data() + kHeader + sizeof(RtsBody);
   if (a.eager.size != 0) std::memcpy(at, a.eager.buffer, a.eager.size);
   at += a.eager.size;
@@ -583,14 +623,15 @@ Status DeviceImpl::post_am_iovec(const AmIovecArgs& a) {
     for (const IoPart& part : a.parts) {
       std::uint64_t key = 0;
       if (part.size != 0) {
-        send->mrs.push_back(endpoint_.register_memory(part.buffer, part.size, FI_REMOTE_READ | FI_SEND));
-        key = fi_mr_key(send->mrs.back());
+        send->registrations.push_back(
+            l.transport->register_memory(part.buffer, part.size, net::Access::remote_read | net::Access::send));
+        key = send->registrations.back()->key();
       }
-      encode(at, RtsPart{part.size, caps_.mr_virt_addr ? reinterpret_cast<std::uint64_t>(part.buffer) : 0, key});
+      encode(at, RtsPart{part.size, l.caps->rma_virtual_address ? reinterpret_cast<std::uint64_t>(part.buffer) : 0, key});
       at += sizeof(RtsPart);
     }
   } catch (...) {
-    for (fid_mr* mr : send->mrs) net::close_mr(mr);
+    for (net::Registration* r : send->registrations) l.transport->deregister(r);
     delete send;
     pool_->put(p);
     throw;
@@ -602,7 +643,7 @@ Status DeviceImpl::post_am_iovec(const AmIovecArgs& a) {
   const Status s = send_packet(p, a.rank, need);
   if (s.is_retry()) {
     open_ops_.fetch_sub(1, std::memory_order_relaxed);
-    for (fid_mr* mr : send->mrs) net::close_mr(mr);
+    for (net::Registration* r : send->registrations) l.transport->deregister(r);
     delete send;
     return s;
   }
@@ -653,7 +694,7 @@ void DeviceImpl::deliver_message(const RecvDescriptor& recv, Packet* message) {
   c.tag = h.tag;
   c.context = recv.context;
   c.size = have <= recv.size ? have : recv.size;
-  if (have > recv.size) c.error = -FI_ETRUNC;
+  if (have > recv.size) c.error = -EMSGSIZE;
   if (c.size != 0) std::memcpy(recv.buffer, message_payload(message), c.size);
   release_message(message);
   signal_local(recv.local, std::move(c));
@@ -694,20 +735,20 @@ void add_chunks(std::vector<Chunk>& out, void* owner, CtxKind kind, unsigned cha
 
 // Issues a RecvOp's reads as credits allow; true when all are issued.
 static bool issue_reads(DeviceImpl& dev, RecvOp* op) {
-  fid_ep* ep = dev.endpoint().ep();
+  net::Transport* t = op->link->transport;
   while (op->issued < op->chunks.size()) {
     Chunk& c = op->chunks[op->issued];
     if (!dev.take_credit()) return false;
-    const ssize_t rc = fi_read(ep, c.local, c.size, c.desc, static_cast<fi_addr_t>(op->rank), c.remote_addr, c.key, c.ctx.backend);
-    if (rc == -FI_EAGAIN) {
+    const int rc = t->get(op->rank, c.local, c.size, c.desc, c.remote_addr, c.key, &c.ctx);
+    if (rc == -EAGAIN) {
       dev.return_credit();
       return false;
     }
     if (rc != 0) {
       dev.return_credit();
       FERRY_LOG_AT(error, dev.runtime().rank(), dev.index(), "%s reading %zu bytes from rank %d",
-                   net::fi_error("fi_read", rc).c_str(), c.size, op->rank);
-      op->error = static_cast<int>(rc);
+                   net::error_text("get", rc).c_str(), c.size, op->rank);
+      op->error = rc;
       ++op->completed;  // treat as finished-with-error so the op can complete
     }
     ++op->issued;
@@ -731,8 +772,8 @@ static bool send_fin(DeviceImpl& dev, int rank, std::uint64_t send_op, int src) 
 
 // Finishes a RecvOp whose reads are all complete: deliver, FIN, free.
 static void finish_recv_op(DeviceImpl& dev, RecvOp* op) {
-  for (fid_mr* mr : op->mrs) net::close_mr(mr);
-  op->mrs.clear();
+  for (net::Registration* r : op->registrations) op->link->transport->deregister(r);
+  op->registrations.clear();
   Completion c;
   c.rank = op->rank;
   c.tag = op->tag;
@@ -777,12 +818,14 @@ void DeviceImpl::start_rendezvous_recv(Packet* rts, const RecvDescriptor* recv) 
   op->tag = h.tag;
   op->target = h.target;
   op->send_op = body.send_op;
-  const std::size_t max = caps_.max_msg_size;
-  // Under FI_MR_LOCAL each destination needs its own registration and descriptor.
+  Link& l = link(h.src);
+  op->link = &l;
+  const std::size_t max = l.caps->max_rma_size;
+  // Under local_registration each destination needs its own registration and descriptor.
   auto reg_local = [&](void* dst, std::size_t n) -> void* {
-    if (!caps_.mr_local || n == 0) return nullptr;
-    op->mrs.push_back(endpoint_.register_memory(dst, n, FI_READ));
-    return fi_mr_desc(op->mrs.back());
+    if (!l.caps->local_registration || n == 0) return nullptr;
+    op->registrations.push_back(l.transport->register_memory(dst, n, net::Access::recv));
+    return op->registrations.back()->desc();
   };
   try {
     switch (h.kind) {
@@ -791,7 +834,7 @@ void DeviceImpl::start_rendezvous_recv(Packet* rts, const RecvDescriptor* recv) 
         op->local = recv->local;
         op->context = recv->context;
         op->size = body.size <= recv->size ? body.size : recv->size;
-        if (body.size > recv->size) op->error = -FI_ETRUNC;
+        if (body.size > recv->size) op->error = -EMSGSIZE;
         void* desc = reg_local(recv->buffer, op->size);
         add_chunks(op->chunks, op, CtxKind::rdv_read, static_cast<unsigned char*>(recv->buffer), desc, op->size,
                    body.addr, body.key, max);
@@ -834,7 +877,7 @@ void DeviceImpl::start_rendezvous_recv(Packet* rts, const RecvDescriptor* recv) 
     }
   } catch (const std::exception& e) {
     FERRY_LOG_AT(error, runtime_.rank(), index_, "cannot receive a rendezvous from rank %d: %s", h.src, e.what());
-    op->error = -FI_ENOMEM;
+    op->error = -ENOMEM;
     op->chunks.clear();  // nothing to read: complete with the error (the sender still gets its FIN)
   }
   if (rts != nullptr) pool_->put(rts);
@@ -850,17 +893,19 @@ void DeviceImpl::start_rendezvous_recv(Packet* rts, const RecvDescriptor* recv) 
   });
 }
 
-void DeviceImpl::on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src) {
-  (void)src;
-  --posted_recvs_;
-  if (e.len < kHeader || !valid_kind(p->data()[0])) {
-    FERRY_LOG_AT(warn, runtime_.rank(), index_, "dropped a malformed packet of %zu bytes", static_cast<std::size_t>(e.len));
+void DeviceImpl::on_recv(Link& l, Packet* p, std::size_t length) {
+  --l.posted_recvs;
+  // The header comes from another process: its kind and sender are checked before use (the
+  // sender indexes the route table).
+  const std::int32_t src = length >= kHeader ? decode<WireHeader>(p->data()).src : -1;
+  if (length < kHeader || length > p->capacity || !valid_kind(p->data()[0]) || src < 0 || src >= runtime_.size()) {
+    FERRY_LOG_AT(warn, runtime_.rank(), index_, "dropped a malformed packet of %zu bytes", length);
     pool_->put(p);
     return;
   }
-  p->arrived.length = static_cast<std::uint32_t>(e.len);
+  p->arrived.length = static_cast<std::uint32_t>(length);
   if (p->data()[0] == static_cast<std::uint8_t>(MsgKind::frag)) {
-    on_fragment(p, e.len);
+    on_fragment(p, length);
     return;
   }
   on_packet(p);
@@ -991,7 +1036,7 @@ void DeviceImpl::on_packet(Packet* p) {
       pool_->put(p);
       auto* send = reinterpret_cast<SendOp*>(fin.send_op);
       (void)send->ready.load(std::memory_order_acquire);
-      for (fid_mr* mr : send->mrs) net::close_mr(mr);
+      for (net::Registration* r : send->registrations) send->transport->deregister(r);
       Completion c;
       c.op = send->op;
       c.rank = send->rank;
@@ -1007,14 +1052,14 @@ void DeviceImpl::on_packet(Packet* p) {
   }
 }
 
-void DeviceImpl::on_notification(const fi_cq_data_entry& e, std::uint64_t src) {
+void DeviceImpl::on_notification(const net::Event& e) {
   Completion c;
   c.op = OpKind::remote_put;
-  // With 8 bytes of CQ data the writer's rank travels in the data (some providers, e.g. rxm,
-  // give no source address for RMA completions); with 4 bytes FI_SOURCE must supply it.
-  c.rank = caps_.source ? static_cast<int>(src) : static_cast<int>(e.data >> 32);
+  // With 8 bytes of remote data the writer's rank travels in the data (some providers, e.g.
+  // rxm, give no source address for RMA completions); with 4 bytes the transport names it.
+  c.rank = e.rank >= 0 ? e.rank : static_cast<int>(e.data >> 32);
   c.tag = static_cast<Tag>(e.data & 0xFFFF);
-  c.size = e.len;
+  c.size = e.length;
   runtime_.deliver(static_cast<std::uint16_t>((e.data >> 16) & 0xFFFF), std::move(c));
 }
 
@@ -1041,7 +1086,7 @@ void check_remote(const char* call, int rank, int device, const RemoteKey& key, 
 }  // namespace
 
 static bool issue_rma(DeviceImpl& dev, RmaOp* op) {
-  fid_ep* ep = dev.endpoint().ep();
+  net::Transport* t = op->link->transport;
   const std::size_t n = op->chunks.size();
   while (op->issued < n) {
     const bool last = op->issued == n - 1;
@@ -1049,22 +1094,21 @@ static bool issue_rma(DeviceImpl& dev, RmaOp* op) {
     if (last && op->notify && op->completed < n - 1) return false;
     Chunk& c = op->chunks[op->issued];
     if (!dev.take_credit()) return false;
-    ssize_t rc;
-    const auto to = static_cast<fi_addr_t>(op->rank);
+    int rc;
     if (op->op == OpKind::get) {
-      rc = fi_read(ep, c.local, c.size, c.desc, to, c.remote_addr, c.key, c.ctx.backend);
+      rc = t->get(op->rank, c.local, c.size, c.desc, c.remote_addr, c.key, &c.ctx);
     } else if (last && op->notify) {
-      rc = fi_writedata(ep, c.local, c.size, c.desc, op->notify_data, to, c.remote_addr, c.key, c.ctx.backend);
+      rc = t->put_data(op->rank, c.local, c.size, c.desc, op->notify_data, c.remote_addr, c.key, &c.ctx);
     } else {
-      rc = fi_write(ep, c.local, c.size, c.desc, to, c.remote_addr, c.key, c.ctx.backend);
+      rc = t->put(op->rank, c.local, c.size, c.desc, c.remote_addr, c.key, &c.ctx);
     }
-    if (rc == -FI_EAGAIN) {
+    if (rc == -EAGAIN) {
       dev.return_credit();
       return false;
     }
     if (rc != 0) {
       dev.return_credit();
-      op->error = static_cast<int>(rc);
+      op->error = rc;
       ++op->completed;
     }
     ++op->issued;
@@ -1073,7 +1117,7 @@ static bool issue_rma(DeviceImpl& dev, RmaOp* op) {
 }
 
 static void finish_rma_op(DeviceImpl& dev, RmaOp* op) {
-  net::close_mr(op->mr);
+  release_registration(op->link->transport, op->registration);
   Completion c;
   c.op = op->op;
   c.rank = op->rank;
@@ -1101,50 +1145,53 @@ struct RmaRequest {
   std::uint64_t notify_data;
 };
 
+[[noreturn, gnu::cold, gnu::noinline]] void throw_rma(const Link& l, const char* call, int rc, int rank) {
+  throw Error(net::error_text(call, rc) + " to rank " + std::to_string(rank) + " over " + l.caps->name);
+}
+
 }  // namespace
 
 static Status post_rma(DeviceImpl& dev, const RmaRequest& r) {
-  const net::Caps& caps = dev.caps();
-  const std::uint64_t addr = (caps.mr_virt_addr ? r.remote.base : 0) + r.offset;
-  fid_ep* ep = dev.endpoint().ep();
-  const auto to = static_cast<fi_addr_t>(r.rank);
+  Link& l = dev.link(r.rank);
+  const net::Caps& caps = *l.caps;
+  net::Transport* t = l.transport;
+  const std::uint64_t addr = (caps.rma_virtual_address ? r.remote.base : 0) + r.offset;
+  const net::Access access = r.op == OpKind::get ? net::Access::recv : net::Access::send;
   // Tiny puts need no context and no completion.
   if (r.op == OpKind::put && !r.notify && r.size <= caps.inject_size) {
-    const ssize_t rc = fi_inject_write(ep, r.local, r.size, to, addr, r.remote.key);
+    const int rc = t->inject_put(r.rank, r.local, r.size, addr, r.remote.key);
     if (rc == 0) return Status::make_done();
-    if (rc == -FI_EAGAIN) return Status::make_retry(RetryReason::provider);
-    throw Error(net::fi_error("fi_inject_write", rc) + " to rank " + std::to_string(r.rank));
+    if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+    throw_rma(l, "inject_put", rc, r.rank);
   }
-  if (r.size <= caps.max_msg_size) {
+  if (r.size <= caps.max_rma_size) {
     // One transfer: its state rides in a packet, so nothing is allocated.
     Packet* p = dev.pool().get();
     if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
-    fid_mr* mr = nullptr;
-    if (caps.mr_local && r.size != 0) {
-      mr = dev.endpoint().register_memory(r.local, r.size, r.op == OpKind::get ? FI_READ : FI_WRITE);
-    }
+    net::Registration* mr = nullptr;
+    if (caps.local_registration && r.size != 0) mr = t->register_memory(r.local, r.size, access);
     if (!dev.take_credit()) {
-      net::close_mr(mr);
+      release_registration(t, mr);
       dev.pool().put(p);
       return Status::make_retry(RetryReason::send_queue);
     }
-    p->rma = RmaSingle{r.op, r.rank, r.size, r.local_comp, r.context, reinterpret_cast<net::Registration*>(mr)};
+    p->rma = RmaSingle{r.op, r.rank, r.size, r.local_comp, r.context, mr};
     p->ctx.set_kind(CtxKind::rma_single);  // release: after every field the completion reads
-    void* desc = mr != nullptr ? fi_mr_desc(mr) : nullptr;
-    ssize_t rc;
+    void* desc = mr != nullptr ? mr->desc() : nullptr;
+    int rc;
     if (r.op == OpKind::get) {
-      rc = fi_read(ep, r.local, r.size, desc, to, addr, r.remote.key, p->ctx.backend);
+      rc = t->get(r.rank, r.local, r.size, desc, addr, r.remote.key, &p->ctx);
     } else if (r.notify) {
-      rc = fi_writedata(ep, r.local, r.size, desc, r.notify_data, to, addr, r.remote.key, p->ctx.backend);
+      rc = t->put_data(r.rank, r.local, r.size, desc, r.notify_data, addr, r.remote.key, &p->ctx);
     } else {
-      rc = fi_write(ep, r.local, r.size, desc, to, addr, r.remote.key, p->ctx.backend);
+      rc = t->put(r.rank, r.local, r.size, desc, addr, r.remote.key, &p->ctx);
     }
     if (rc == 0) return Status::make_posted();
     dev.return_credit();
-    net::close_mr(mr);
+    release_registration(t, mr);
     dev.pool().put(p);
-    if (rc == -FI_EAGAIN) return Status::make_retry(RetryReason::provider);
-    throw Error(net::fi_error(r.op == OpKind::get ? "fi_read" : "fi_write", rc) + " to rank " + std::to_string(r.rank));
+    if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+    throw_rma(l, r.op == OpKind::get ? "get" : "put", rc, r.rank);
   }
   // Larger than one transfer: chunks, issued by progress.
   auto* op = new RmaOp{};
@@ -1155,14 +1202,15 @@ static Status post_rma(DeviceImpl& dev, const RmaRequest& r) {
   op->context = r.context;
   op->notify = r.notify;
   op->notify_data = r.notify_data;
+  op->link = &l;
   try {
-    if (caps.mr_local) op->mr = dev.endpoint().register_memory(r.local, r.size, r.op == OpKind::get ? FI_READ : FI_WRITE);
+    if (caps.local_registration) op->registration = t->register_memory(r.local, r.size, access);
   } catch (...) {
     delete op;
     throw;
   }
-  add_chunks(op->chunks, op, CtxKind::rma_chunk, r.local, op->mr != nullptr ? fi_mr_desc(op->mr) : nullptr, r.size,
-             addr, r.remote.key, caps.max_msg_size);
+  add_chunks(op->chunks, op, CtxKind::rma_chunk, r.local, op->registration != nullptr ? op->registration->desc() : nullptr,
+             r.size, addr, r.remote.key, caps.max_rma_size);
   dev.open_ops().fetch_add(1, std::memory_order_relaxed);
   dev.defer([&dev, op] {
     issue_rma(dev, op);
@@ -1179,12 +1227,13 @@ std::uint64_t DeviceImpl::notify_data(const PutArgs& a) const {
                 str(runtime_.max_targets()));
   }
   if (a.notify_tag > 0xFFFF) throw Error("post_put: notify_tag=" + std::to_string(a.notify_tag) + " is out of range 0..65535");
-  if (caps_.cq_data_size < 4) {
-    throw Error("post_put: notify needs 4 bytes of remote CQ data; provider " + caps_.provider + " offers " +
-                str(caps_.cq_data_size));
+  const net::Caps& caps = *route_[static_cast<std::size_t>(a.rank)]->caps;
+  if (caps.remote_data_bytes < 4) {
+    throw Error("post_put: notify needs 4 bytes of remote data; transport " + caps.name + " offers " +
+                str(caps.remote_data_bytes));
   }
   std::uint64_t data = (static_cast<std::uint64_t>(a.notify_target.id) << 16) | a.notify_tag;
-  if (!caps_.source) data |= static_cast<std::uint64_t>(runtime_.rank()) << 32;
+  if (caps.remote_data_bytes >= 8) data |= static_cast<std::uint64_t>(runtime_.rank()) << 32;
   return data;
 }
 
@@ -1218,62 +1267,79 @@ MemoryRegion DeviceImpl::register_memory(void* data, std::size_t size) {
   r->device = this;
   r->data = data;
   r->size = size;
-  r->mr = endpoint_.register_memory(data, size, FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE);
+  const net::Access access = net::Access::send | net::Access::recv | net::Access::remote_read | net::Access::remote_write;
+  for (Link& l : links_) {
+    r->registrations.emplace_back(l.transport, l.transport->register_memory(data, size, access));
+    // The key peers name the region by is the one of a transport that uses keys (a network
+    // backend); shared memory addresses regions by their virtual address alone.
+    if (r->registrations.size() == 1 || r->registrations.back().second->key() != 0) {
+      r->key = r->registrations.back().second->key();
+    }
+  }
   return MemoryRegion(std::move(r));
 }
 
 // ---- progress ---------------------------------------------------------------------------------
 
-void DeviceImpl::repost() {
-  fid_ep* ep = endpoint_.ep();
-  while (posted_recvs_ < config_.prepost) {
+void DeviceImpl::repost(Link& l) {
+  while (l.posted_recvs < config_.prepost) {
     Packet* p = pool_->get();
     if (p == nullptr) return;  // the pool is dry: try again on the next progress
     p->ctx.set_kind(CtxKind::recv_packet);
-    const ssize_t rc = fi_recv(ep, p->data(), config_.packet_size, pool_desc_, FI_ADDR_UNSPEC, p->ctx.backend);
+    const int rc = l.transport->post_recv(p->data(), config_.packet_size, l.pool_desc, &p->ctx);
     if (rc != 0) {
       pool_->put(p);
-      if (rc != -FI_EAGAIN) {
-        FERRY_LOG_AT(error, runtime_.rank(), index_, "%s", net::fi_error("fi_recv", rc).c_str());
-      }
+      if (rc != -EAGAIN) FERRY_LOG_AT(error, runtime_.rank(), index_, "%s", net::error_text("post_recv", rc).c_str());
       return;
     }
-    ++posted_recvs_;
+    ++l.posted_recvs;
   }
 }
 
-void DeviceImpl::on_error(const fi_cq_err_entry& e) {
-  auto* ctx = static_cast<OpContext*>(e.op_context);
-  const int err = -static_cast<int>(e.err);
-  if (ctx == nullptr) {
-    FERRY_LOG_AT(error, runtime_.rank(), index_, "error completion %s", fi_strerror(static_cast<int>(e.err)));
+// Every event of every transport comes here, success and error alike: each kind of operation
+// finishes in one place, with the error (if any) carried to whoever waits for it.
+void DeviceImpl::on_event(Link& l, const net::Event& e) {
+  if (e.remote_write) {
+    if (e.error == 0) on_notification(e);
+    // Only where a remote write uses up a posted receive does it carry that receive's packet.
+    if (e.context != nullptr) {
+      --l.posted_recvs;
+      pool_->put(reinterpret_cast<Packet*>(e.context));
+    }
     return;
   }
+  OpContext* ctx = e.context;
+  const int err = e.error;
   switch (ctx->kind()) {
     case CtxKind::recv_packet: {
       auto* p = reinterpret_cast<Packet*>(ctx);
-      --posted_recvs_;
-      if (e.err != FI_ECANCELED) {
-        FERRY_LOG_AT(error, runtime_.rank(), index_, "receive failed: %s", fi_strerror(static_cast<int>(e.err)));
+      if (err == 0) {
+        on_recv(l, p, e.length);
+        return;
+      }
+      --l.posted_recvs;
+      if (err != -ECANCELED) {
+        FERRY_LOG_AT(error, runtime_.rank(), index_, "%s", net::error_text("receive", err).c_str());
       }
       pool_->put(p);
       return;
     }
     case CtxKind::send_packet: {
-      // An eager send already returned done: the caller cannot be told, so say it loudly.
-      auto* packet = reinterpret_cast<Packet*>(ctx);
-      const EagerSend* p = &packet->send;
+      auto* p = reinterpret_cast<Packet*>(ctx);
       return_credit();
-      FERRY_LOG_AT(error, runtime_.rank(), index_, "a send to rank %d failed: %s", p->rank,
-                   fi_strerror(static_cast<int>(e.err)));
-      pool_->put(packet);
+      if (__builtin_expect(err != 0, 0)) {
+        // An eager send already returned done: the caller cannot be told, so say it loudly.
+        FERRY_LOG_AT(error, runtime_.rank(), index_, "a send to rank %d failed: %s", p->send.rank,
+                     net::error_text("send", err).c_str());
+      }
+      pool_->put(p);
       return;
     }
     case CtxKind::rma_single: {
       auto* p = reinterpret_cast<Packet*>(ctx);
       const RmaSingle op = p->rma;
       return_credit();
-      net::close_mr(reinterpret_cast<fid_mr*>(op.mr));
+      release_registration(l.transport, op.mr);
       Completion c;
       c.op = op.op;
       c.rank = op.rank;
@@ -1285,20 +1351,24 @@ void DeviceImpl::on_error(const fi_cq_err_entry& e) {
       return;
     }
     case CtxKind::rma_chunk: {
-      auto* chunk = reinterpret_cast<Chunk*>(ctx);
-      auto* op = static_cast<RmaOp*>(chunk->owner);
+      auto* op = static_cast<RmaOp*>(reinterpret_cast<Chunk*>(ctx)->owner);
       return_credit();
-      op->error = err;
-      if (++op->completed == op->chunks.size()) finish_rma_op(*this, op);
+      if (err != 0) op->error = err;
+      if (++op->completed == op->chunks.size()) {
+        finish_rma_op(*this, op);
+      } else if (err == 0 && op->notify && op->issued < op->chunks.size()) {
+        issue_rma(*this, op);  // the notifying chunk may be due now
+      }
       return;
     }
     case CtxKind::rdv_read: {
-      auto* chunk = reinterpret_cast<Chunk*>(ctx);
-      auto* op = static_cast<RecvOp*>(chunk->owner);
+      auto* op = static_cast<RecvOp*>(reinterpret_cast<Chunk*>(ctx)->owner);
       return_credit();
-      op->error = err;
-      FERRY_LOG_AT(error, runtime_.rank(), index_, "rendezvous read from rank %d failed: %s", op->rank,
-                   fi_strerror(static_cast<int>(e.err)));
+      if (err != 0) {
+        op->error = err;
+        FERRY_LOG_AT(error, runtime_.rank(), index_, "rendezvous read from rank %d failed: %s", op->rank,
+                     net::error_text("get", err).c_str());
+      }
       if (++op->completed == op->chunks.size() && op->issued == op->chunks.size()) finish_recv_op(*this, op);
       return;
     }
@@ -1308,83 +1378,23 @@ void DeviceImpl::on_error(const fi_cq_err_entry& e) {
 bool DeviceImpl::progress() {
   if (!poll_lock_.try_lock()) return false;
   std::lock_guard<SpinLock> guard(poll_lock_, std::adopt_lock);
-  fi_cq_data_entry entries[kPollBatch];
-  fi_addr_t sources[kPollBatch];
+  net::Event events[kPollBatch];
   bool any = false;
-  const ssize_t n = caps_.source ? fi_cq_readfrom(endpoint_.cq(), entries, kPollBatch, sources)
-                                 : fi_cq_read(endpoint_.cq(), entries, kPollBatch);
-  if (n > 0) {
-    any = true;
-    for (ssize_t i = 0; i < n; ++i) {
-      const fi_cq_data_entry& e = entries[i];
-      if ((e.flags & FI_REMOTE_CQ_DATA) != 0 && (e.flags & FI_REMOTE_WRITE) != 0) {
-        on_notification(e, sources[i]);
-        // Only under FI_RX_CQ_DATA does such a write consume a posted receive and carry its
-        // context; otherwise op_context is the provider's own value (shm reports message ids
-        // there) and must not be taken for a packet.
-        if (caps_.rx_cq_data && e.op_context != nullptr) {
-          --posted_recvs_;
-          pool_->put(reinterpret_cast<Packet*>(e.op_context));
-        }
-        continue;
-      }
-      auto* ctx = static_cast<OpContext*>(e.op_context);
-      if (ctx == nullptr) continue;
-      switch (ctx->kind()) {
-        case CtxKind::recv_packet:
-          on_recv(reinterpret_cast<Packet*>(ctx), e, sources[i]);
-          break;
-        case CtxKind::send_packet:
-          return_credit();
-          pool_->put(reinterpret_cast<Packet*>(ctx));
-          break;
-        case CtxKind::rma_single: {
-          auto* p = reinterpret_cast<Packet*>(ctx);
-          const RmaSingle op = p->rma;
-          return_credit();
-          net::close_mr(reinterpret_cast<fid_mr*>(op.mr));
-          Completion c;
-          c.op = op.op;
-          c.rank = op.rank;
-          c.size = op.size;
-          c.context = op.context;
-          pool_->put(p);
-          signal_local(op.local, std::move(c));
-          break;
-        }
-        case CtxKind::rma_chunk: {
-          auto* op = static_cast<RmaOp*>(reinterpret_cast<Chunk*>(ctx)->owner);
-          return_credit();
-          if (++op->completed == op->chunks.size()) {
-            finish_rma_op(*this, op);
-          } else if (op->notify && op->issued < op->chunks.size()) {
-            issue_rma(*this, op);  // the notifying chunk may be due now
-          }
-          break;
-        }
-        case CtxKind::rdv_read: {
-          auto* op = static_cast<RecvOp*>(reinterpret_cast<Chunk*>(ctx)->owner);
-          return_credit();
-          if (++op->completed == op->chunks.size() && op->issued == op->chunks.size()) finish_recv_op(*this, op);
-          break;
-        }
-      }
-    }
-  } else if (n == -FI_EAVAIL) {
-    fi_cq_err_entry err{};
-    if (fi_cq_readerr(endpoint_.cq(), &err, 0) > 0) {
-      any = true;
-      on_error(err);
-    }
+  for (Link& l : links_) {
+    const int n = l.transport->poll(events, kPollBatch);
+    for (int i = 0; i < n; ++i) on_event(l, events[i]);
+    any = any || n > 0;
   }
   run_deferred();
   // Relaxed: a stale zero only leaves the backlog to the next post or progress call.
   if (backlog_count_.load(std::memory_order_relaxed) != 0) flush_backlog();
-  // Reposting costs one provider call per buffer. A poll that found work leaves it to the next
-  // idle poll, so a reply is not held up by buffer bookkeeping (in a ping-pong the refill runs
-  // while the peer computes its answer); at or below half the target it refills at once, so a
-  // flood that never lets the device idle cannot drain the posted receives.
-  if (posted_recvs_ < config_.prepost && (!any || posted_recvs_ <= config_.prepost / 2)) repost();
+  // Reposting costs one transport call per buffer. A poll that found work leaves it to the
+  // next idle poll, so a reply is not held up by buffer bookkeeping (in a ping-pong the refill
+  // runs while the peer computes its answer); at or below half the target it refills at once,
+  // so a flood that never lets the device idle cannot drain the posted receives.
+  for (Link& l : links_) {
+    if (l.posted_recvs < config_.prepost && (!any || l.posted_recvs <= config_.prepost / 2)) repost(l);
+  }
   return any;
 }
 

@@ -1,10 +1,14 @@
-// device.hpp — one device: an endpoint, its completion queue, packets, and the protocols.
+// device.hpp — one device: its transports, packets, and the protocols.
+//
+// A device reaches each peer through one transport (net/transport.hpp): shared memory for
+// ranks on its host, a network backend for the others, or one backend for all. A Link is the
+// device's record of one transport; route_[rank] names the link that reaches `rank`.
 //
 // Code paths and their rules
 //  - small-message path (post_am / post_send up to eager_limit(), and progress delivering
-//    them): a packet from the pool (thread cache), one memcpy, fi_inject or fi_send; on the
-//    receiver one fi_cq_read, a push into the target completion queue, one fi_recv repost.
-//    No allocation, no blocking lock, no system call but the provider's.
+//    them): a packet from the pool (thread cache), one memcpy, the transport's inject or
+//    send; on the receiver one poll, a push into the target completion queue, one receive
+//    repost. No allocation, no blocking lock, no system call but the transport's.
 //  - medium path (eager messages whose header and payload exceed the provider's inject size,
 //    when fragmenting is on): the message goes as inject-size fragments straight from the
 //    caller's buffer, so the send completes at once and costs the provider no handshake. A
@@ -36,10 +40,7 @@
 #include "common/spinlock.hpp"
 #include "core/wire.hpp"
 #include "ferry/runtime.hpp"
-#include "net/fabric.hpp"
-
-struct fi_cq_data_entry;
-struct fi_cq_err_entry;
+#include "net/transport.hpp"
 
 namespace ferry::detail {
 
@@ -52,20 +53,40 @@ struct RegionImpl {
   class DeviceImpl* device = nullptr;
   void* data = nullptr;
   std::size_t size = 0;
-  fid_mr* mr = nullptr;
+  std::uint64_t key = 0;  // the key peers name it by (the network transport's; shared memory needs none)
+  std::vector<std::pair<net::Transport*, net::Registration*>> registrations;  // one per transport
   ~RegionImpl();
+};
+
+// The device's record of one transport.
+struct Link {
+  net::Transport* transport;
+  const net::Caps* caps;
+  net::Registration* pool_registration;  // the packet slab
+  void* pool_desc;                       // its desc() under local_registration, else null
+  std::size_t fragment_payload;          // payload bytes per fragment; 0 when not fragmenting
+  std::size_t fragment_limit;            // messages past the inject size and up to this are fragmented
+  std::size_t posted_recvs;              // owned by the poll lock holder
+  // Whether a message of `size` payload bytes goes as fragments over this link.
+  bool fragmented(std::size_t size) const noexcept {
+    return size <= fragment_limit && sizeof(WireHeader) + size > caps->inject_size;
+  }
 };
 
 class DeviceImpl {
  public:
-  DeviceImpl(RuntimeImpl& runtime, int index, net::Fabric& fabric, const Config& config);
+  // transports: this device's backends; route[r] indexes the one that reaches rank r. The
+  // device owns the transports.
+  DeviceImpl(RuntimeImpl& runtime, int index, const Config& config,
+             std::vector<std::unique_ptr<net::Transport>> transports, const std::vector<int>& route);
   ~DeviceImpl();
   DeviceImpl(const DeviceImpl&) = delete;
   DeviceImpl& operator=(const DeviceImpl&) = delete;
 
-  std::string address() const { return endpoint_.address(); }
-  // Inserts peers' addresses and posts the receive buffers.
-  void connect(const std::vector<std::string>& addresses);
+  std::size_t transport_count() const noexcept { return links_.size(); }
+  net::Transport& transport(std::size_t i) noexcept { return *links_[i].transport; }
+  // Posts the receive buffers, once every transport is connected.
+  void start();
 
   Status post_am(const AmArgs& a);
   Status post_am_iovec(const AmIovecArgs& a);
@@ -86,8 +107,13 @@ class DeviceImpl {
   // Fragmented messages count as eager: sent at once, in order, never a rendezvous.
   std::size_t eager_limit() const noexcept { return std::max(eager_limit_, fragment_limit_); }
   std::size_t iovec_eager_limit(std::size_t parts) const noexcept;
-  const net::Caps& caps() const noexcept { return caps_; }
-  net::Endpoint& endpoint() noexcept { return endpoint_; }
+  Link& link(int rank) noexcept { return *route_[static_cast<std::size_t>(rank)]; }
+  // The largest message the transport that reaches `rank` copies at once (0 for a bad rank).
+  std::size_t inject_size(int rank) const noexcept {
+    return rank >= 0 && static_cast<std::size_t>(rank) < route_.size() ? route_[static_cast<std::size_t>(rank)]->caps->inject_size : 0;
+  }
+  // "shm", "ofi/tcp;ofi_rxm", or "shm+ofi/tcp;ofi_rxm" when the device uses two transports.
+  std::string transport_names() const;
 
   // Teardown: this device's own operations not yet complete (open rendezvous and RMA records,
   // sends awaiting their completion, deferred steps, backlog tails); exact when quiescent.
@@ -98,7 +124,6 @@ class DeviceImpl {
   void defer(std::function<bool()> step);
   bool take_credit() noexcept;
   void return_credit() noexcept;
-  void* pool_desc() const noexcept { return pool_desc_; }
   PacketPool& pool() noexcept { return *pool_; }
   RuntimeImpl& runtime() noexcept { return runtime_; }
   std::atomic<std::size_t>& open_ops() noexcept { return open_ops_; }
@@ -123,9 +148,8 @@ class DeviceImpl {
   std::uint64_t notify_data(const PutArgs& a) const;
   void check_iovec_fits(const AmIovecArgs& a) const;
   Status inject_small(MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer, std::size_t size);
-  // Whether a message of `size` payload bytes goes as fragments (never when fragment_limit_ is 0).
-  bool fragmented(std::size_t size) const noexcept { return size <= fragment_limit_ && sizeof(WireHeader) + size > caps_.inject_size; }
-  Status post_fragments(MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer, std::size_t size);
+  Status post_fragments(Link& link, MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer,
+                        std::size_t size);
   // Sends what it can of the backlog; true when the backlog is empty.
   bool flush_backlog();
   // A post's first step: false (answer retry) while earlier fragments wait in the backlog.
@@ -139,9 +163,10 @@ class DeviceImpl {
   void match_message(Packet* p, MsgKind kind);
   Status post_rendezvous(OpKind op, int rank, Tag tag, std::uint16_t target, const void* buffer,
                          std::size_t size, CompletionObject* local, void* context);
-  void on_recv(Packet* p, const fi_cq_data_entry& e, std::uint64_t src);
-  void on_notification(const fi_cq_data_entry& e, std::uint64_t src);
-  void on_error(const fi_cq_err_entry& e);
+  // The one dispatch of every event a transport reports, success and error alike.
+  void on_event(Link& link, const net::Event& e);
+  void on_recv(Link& link, Packet* p, std::size_t length);
+  void on_notification(const net::Event& e);
   // `recv`: what a receive wants, from post_recv directly or from its queued descriptor.
   void deliver_message(const RecvDescriptor& recv, Packet* message);
   // An eager message packet's payload (after its header, or its heap block) and its release.
@@ -149,29 +174,25 @@ class DeviceImpl {
   static std::size_t message_size(const Packet* m) noexcept;
   void release_message(Packet* m) noexcept;
   void start_rendezvous_recv(Packet* rts, const RecvDescriptor* recv);
-  void repost();
+  void repost(Link& link);
   void run_deferred();
 
   RuntimeImpl& runtime_;
   const int index_;
-  const net::Caps& caps_;
   const Config& config_;
   std::unique_ptr<PacketPool> pool_;
   // Descriptors of receives that wait for their message: a pool of their own, so posting a
   // receive never competes with the packets that carry (and hold) arriving messages.
   std::unique_ptr<PacketPool> recv_descriptors_;
-  net::Endpoint endpoint_;
-  fid_mr* pool_mr_ = nullptr;
-  void* pool_desc_ = nullptr;
+  std::vector<std::unique_ptr<net::Transport>> transports_;
+  std::vector<Link> links_;    // one per transport; fixed after construction
+  std::vector<Link*> route_;   // by rank
   std::size_t eager_limit_;
   std::size_t credits_max_;
-  // Payload bytes per fragment; 0 when messages are not fragmented (FERRY_FRAGMENT).
-  std::size_t fragment_payload_ = 0;
-  // Messages past the inject size and up to this go as fragments; 0 when fragmenting is off.
+  // The largest fragmented message over any link (0 when no link fragments): eager_limit().
   std::size_t fragment_limit_ = 0;
 
   SpinLock poll_lock_;
-  std::size_t posted_recvs_ = 0;  // owned by the poll lock holder
   MatchingEngine matching_;
   // Messages being reassembled, owned by the poll lock holder. Few at a time (one per sending
   // thread that is mid-message), so a linear search; capacity reserved up front.

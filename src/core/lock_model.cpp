@@ -1,6 +1,6 @@
 #include "core/lock_model.hpp"
 
-#include <rdma/fi_errno.h>
+#include <cerrno>
 
 #include <exception>
 #include <utility>
@@ -70,7 +70,7 @@ bool keep_eager(const DeviceImpl&, OpDesc& d, AmIovecArgs& a) {
   return false;
 }
 bool keep_eager(const DeviceImpl& dev, OpDesc& d, PutArgs& a) {
-  if (a.notify || a.size > dev.caps().inject_size) return false;
+  if (a.notify || a.size > dev.inject_size(a.rank)) return false;
   a.buffer = keep(d, a.buffer, a.size);
   return true;
 }
@@ -167,7 +167,7 @@ Status LockModelImpl::execute_deferred(OpDesc* d) {
           // Arguments were validated before deferring, so this is the provider failing.
           FERRY_LOG_AT(error, log_rank(), dev_.index(), "a deferred operation failed: %s", e.what());
           Completion c = completion_of(a, s);
-          c.error = -FI_EIO;
+          c.error = -EIO;
           CompletionObject* local = a.local;
           const bool told_done = d->returned_done;
           delete d;

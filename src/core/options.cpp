@@ -181,10 +181,25 @@ const RuntimeOptionTable& runtime_option_table() {
                   "how ranks find each other: auto, single, pmi1 (ferryrun, mpiexec, srun --mpi=pmi2), "
                   "pmix (mpirun, srun --mpi=pmix)"},
                  &O::bootstrap, &S::bootstrap),
+          option({"transport", "FERRY_TRANSPORT", T::choice, "auto", {"auto", "shm", "ofi"}, 0, 0, nullptr,
+                  "backend per peer: auto (ferry's shared memory within a host, libfabric across hosts), "
+                  "shm (every rank on one host), ofi (libfabric for every peer)"},
+                 &O::transport, &S::transport),
+          option({"host", "FERRY_HOST", T::text, "", {}, 0, 0, nullptr,
+                  "this rank's host identity for FERRY_TRANSPORT=auto (empty: the hostname); ranks with "
+                  "different values talk through the network backend"},
+                 &O::host, &S::host),
           option({"provider", "FERRY_PROVIDER", T::text, "auto", {}, 0, 0, nullptr,
-                  "libfabric provider (shm, tcp, verbs, cxi, efa, sockets...); auto: shm when all ranks "
-                  "share a host, else libfabric's best"},
+                  "libfabric provider for the ofi backend (shm, tcp, verbs, cxi, efa, sockets...); auto: "
+                  "libfabric's shm when every rank shares a host, else libfabric's best network"},
                  &O::provider, &S::provider),
+          option({"shm_copy", "FERRY_SHM_COPY", T::choice, "auto", {"auto", "cma", "copy"}, 0, 0, nullptr,
+                  "large data over shared memory: auto (cross-memory attach where the kernel allows it, "
+                  "else copy), cma (process_vm_readv/writev, single copy), copy (through shared memory)"},
+                 &O::shm_copy, &S::shm_copy),
+          option({"shm_cells", "FERRY_SHM_CELLS", T::size, "256", {}, 2, 1u << 20, nullptr,
+                  "cells in each shared-memory receive queue (one packet each)"},
+                 &O::shm_cells, &S::shm_cells),
           option({"devices", "FERRY_DEVICES", T::count, "1", {}, 1, 64, nullptr,
                   "devices (endpoint + CQ + buffers) per process"},
                  &O::devices, &S::devices),

@@ -7,6 +7,8 @@
 #include "core/recv_blocks.hpp"
 #include "core/runtime_impl.hpp"
 #include "ferry/error.hpp"
+#include "net/ofi/ofi_transport.hpp"
+#include "net/shm/shm_transport.hpp"
 
 namespace ferry {
 
@@ -20,17 +22,63 @@ std::string hostname() {
   return buf;
 }
 
-// "auto": shared memory when every rank is on this host, else libfabric's best network.
-std::string choose_provider(const std::string& wanted, bootstrap::Bootstrap& boot) {
-  if (wanted != "auto") return wanted;
-  if (boot.size() == 1) return "shm";
-  boot.put("ferry.host", hostname());
+// Every rank's host identity (FERRY_HOST, else the hostname), by rank.
+std::vector<std::string> exchange_hosts(bootstrap::Bootstrap& boot, const std::string& mine) {
+  std::vector<std::string> hosts(static_cast<std::size_t>(boot.size()), mine);
+  if (boot.size() == 1) return hosts;
+  boot.put("ferry.host", mine);
   boot.fence();
-  const std::string mine = hostname();
-  for (int r = 0; r < boot.size(); ++r) {
-    if (boot.get(r, "ferry.host") != mine) return "";
+  for (int r = 0; r < boot.size(); ++r) hosts[static_cast<std::size_t>(r)] = boot.get(r, "ferry.host");
+  return hosts;
+}
+
+// Which backends this process uses and which one reaches each rank.
+struct TransportPlan {
+  bool shm = false;
+  bool ofi = false;
+  std::string provider;       // for ofi: a libfabric name, or "" for libfabric's best network
+  std::vector<bool> on_host;  // by rank: shares this rank's host
+};
+
+TransportPlan plan_transports(const Config& config, const std::vector<std::string>& hosts, int rank) {
+  TransportPlan plan;
+  const std::string& mine = hosts[static_cast<std::size_t>(rank)];
+  plan.on_host.resize(hosts.size());
+  int away = -1;
+  for (std::size_t r = 0; r < hosts.size(); ++r) {
+    plan.on_host[r] = hosts[r] == mine;
+    if (!plan.on_host[r] && away < 0) away = static_cast<int>(r);
   }
-  return "shm";
+  switch (config.transport) {
+    case TransportKind::shm:
+      if (away >= 0) {
+        throw Error("FERRY_TRANSPORT=shm: rank " + std::to_string(away) + " is on host '" +
+                    hosts[static_cast<std::size_t>(away)] + "', rank " + std::to_string(rank) + " on '" + mine +
+                    "'; shared memory reaches only ranks of one host (use FERRY_TRANSPORT=auto or ofi)");
+      }
+      plan.shm = true;
+      break;
+    case TransportKind::ofi:
+      plan.ofi = true;
+      // "auto": libfabric's shm when every rank shares a host, else its best network.
+      plan.provider = config.provider != "auto" ? config.provider : (away < 0 ? "shm" : "");
+      break;
+    case TransportKind::automatic:
+      plan.shm = true;
+      plan.ofi = away >= 0;
+      plan.provider = config.provider != "auto" ? config.provider : "";
+      break;
+  }
+  return plan;
+}
+
+net::ShmCopy shm_copy(ShmCopyMode m) {
+  switch (m) {
+    case ShmCopyMode::cma: return net::ShmCopy::cma;
+    case ShmCopyMode::copy: return net::ShmCopy::copy;
+    case ShmCopyMode::automatic: break;
+  }
+  return net::ShmCopy::automatic;
 }
 
 }  // namespace
@@ -43,24 +91,51 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   set_log_rank(rank_);  // lines logged without a runtime at hand name this process's rank
   size_ = boot_->size();
   if (size_ > 0xFFFFFF) throw Error("job size " + std::to_string(size_) + " exceeds ferry's limit of 16777215 ranks");
-  fabric_ = std::make_unique<net::Fabric>(choose_provider(config_.provider, *boot_));
+  const TransportPlan plan = plan_transports(config_, exchange_hosts(*boot_, config_.host.empty() ? hostname() : config_.host), rank_);
+  if (plan.ofi) fabric_ = net::ofi::open_fabric(plan.provider);
   targets_ = std::make_unique<std::atomic<CompletionObject*>[]>(config_.max_targets);
   for (std::size_t i = 0; i < config_.max_targets; ++i) targets_[i].store(nullptr, std::memory_order_relaxed);
+  // Each device: [ofi][shm], and the index of the one that reaches each rank.
+  const int ofi_index = plan.ofi ? 0 : -1;
+  const int shm_index = plan.shm ? (plan.ofi ? 1 : 0) : -1;
+  std::vector<int> route(static_cast<std::size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    route[static_cast<std::size_t>(r)] = plan.shm && plan.on_host[static_cast<std::size_t>(r)] ? shm_index : ofi_index;
+  }
   for (int d = 0; d < config_.devices; ++d) {
-    devices_.push_back(std::make_unique<DeviceImpl>(*this, d, *fabric_, config_));
+    std::vector<std::unique_ptr<net::Transport>> transports;
+    if (plan.ofi) transports.push_back(net::ofi::make_transport(*fabric_));
+    if (plan.shm) {
+      transports.push_back(net::make_shm_transport(net::ShmParams{rank_, size_, d, config_.packet_size, config_.shm_cells,
+                                                                  shm_copy(config_.shm_copy)}));
+    }
+    devices_.push_back(std::make_unique<DeviceImpl>(*this, d, config_, std::move(transports), route));
     const LockModel model = config_.lock_model;
     lock_models_.push_back(model != LockModel::lockless ? std::make_unique<LockModelImpl>(*devices_.back(), model) : nullptr);
-    boot_->put("ferry.ep." + std::to_string(d), devices_.back()->address());
+    for (std::size_t t = 0; t < devices_.back()->transport_count(); ++t) {
+      boot_->put("ferry.ep." + std::to_string(d) + "." + std::to_string(t), devices_.back()->transport(t).address());
+    }
   }
   boot_->fence();
   for (int d = 0; d < config_.devices; ++d) {
-    std::vector<std::string> addresses(static_cast<std::size_t>(size_));
-    for (int r = 0; r < size_; ++r) addresses[static_cast<std::size_t>(r)] = boot_->get(r, "ferry.ep." + std::to_string(d));
-    devices_[static_cast<std::size_t>(d)]->connect(addresses);
-    handles_.push_back(Device(devices_[static_cast<std::size_t>(d)].get(), lock_models_[static_cast<std::size_t>(d)].get()));
+    DeviceImpl& dev = *devices_[static_cast<std::size_t>(d)];
+    for (std::size_t t = 0; t < dev.transport_count(); ++t) {
+      std::vector<std::string> addresses(static_cast<std::size_t>(size_));
+      for (int r = 0; r < size_; ++r) {
+        if (route[static_cast<std::size_t>(r)] != static_cast<int>(t)) continue;
+        addresses[static_cast<std::size_t>(r)] = boot_->get(r, "ferry.ep." + std::to_string(d) + "." + std::to_string(t));
+      }
+      dev.transport(t).connect(addresses);
+    }
+    dev.start();
+    handles_.push_back(Device(&dev, lock_models_[static_cast<std::size_t>(d)].get()));
   }
-  // Every rank has its receives posted before anyone sends.
+  // Every rank has its receives posted before anyone sends, and every peer has attached to
+  // this rank's shared memory, which can now go from the namespace.
   boot_->barrier();
+  for (auto& dev : devices_) {
+    for (std::size_t t = 0; t < dev->transport_count(); ++t) dev->transport(t).connected();
+  }
   progress_threads_ = start_progress_threads(config_, handles_);
 }
 
@@ -203,7 +278,8 @@ Device& Runtime::device(int index) {
   }
   return impl_->handles()[static_cast<std::size_t>(index)];
 }
-std::string Runtime::provider() const { return impl_->fabric().caps().provider; }
+std::string Runtime::provider() const { return impl_->provider(); }
+std::string Runtime::transport() const { return impl_->transport(); }
 std::string Runtime::bootstrap() const { return std::string(impl_->boot().kind()); }
 const Resolved<RuntimeSettings>& Runtime::options() const noexcept { return impl_->options(); }
 Exposure Runtime::expose(CompletionObject& object, std::uint16_t id) {
@@ -289,7 +365,7 @@ RemoteKey MemoryRegion::remote_key() const {
   RemoteKey k;
   k.base = reinterpret_cast<std::uint64_t>(impl_->data);
   k.size = impl_->size;
-  k.key = fi_mr_key(impl_->mr);
+  k.key = impl_->key;
   k.rank = impl_->device->runtime().rank();
   k.device = impl_->device->index();
   return k;

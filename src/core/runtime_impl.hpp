@@ -1,4 +1,4 @@
-// runtime_impl.hpp — the runtime: bootstrap, provider, devices, and the remote-target table.
+// runtime_impl.hpp — the runtime: bootstrap, transports, devices, and the remote-target table.
 //
 // Remote targets: targets_[id] points at the completion object exposed under id, or is null.
 // Delivery (inside progress, any thread) loads it with acquire, pairing with the release
@@ -21,7 +21,7 @@
 #include "core/lock_model.hpp"
 #include "core/progress.hpp"
 #include "ferry/runtime.hpp"
-#include "net/fabric.hpp"
+#include "net/ofi/fabric.hpp"
 
 namespace ferry::detail {
 
@@ -38,7 +38,9 @@ class RuntimeImpl {
   const Config& config() const noexcept { return config_; }
   const Resolved<RuntimeSettings>& options() const noexcept { return options_; }
   bootstrap::Bootstrap& boot() { return *boot_; }
-  net::Fabric& fabric() { return *fabric_; }
+  // The libfabric provider in use, or "none" when no peer is reached through libfabric.
+  std::string provider() const { return fabric_ != nullptr ? fabric_->caps().provider : "none"; }
+  std::string transport() const { return devices_.empty() ? "" : devices_[0]->transport_names(); }
   std::vector<Device>& handles() { return handles_; }
 
   // Collective: a dissemination barrier over device 0 that keeps every device progressing
@@ -61,7 +63,7 @@ class RuntimeImpl {
   std::unique_ptr<bootstrap::Bootstrap> boot_;
   int rank_ = 0;
   int size_ = 1;
-  std::unique_ptr<net::Fabric> fabric_;
+  std::unique_ptr<net::ofi::Fabric> fabric_;  // null when no peer is reached through libfabric
   std::vector<std::unique_ptr<DeviceImpl>> devices_;
   // Per device, its lock model or null (lockless). Declared after devices_, so destroyed
   // before them: an offload thread stops before its device's endpoint closes.

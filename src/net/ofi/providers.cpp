@@ -2,15 +2,15 @@
 #include <rdma/fabric.h>
 
 #include "ferry/runtime.hpp"
-#include "net/fabric.hpp"
+#include "net/ofi/fabric.hpp"
 
 namespace ferry {
 
-std::vector<std::string> available_providers() { return net::available_providers(); }
+std::vector<std::string> available_providers() { return net::ofi::available_providers(); }
 
 ProviderLimits probe_provider(const std::string& provider) {
-  net::Fabric f(provider);
-  const net::Caps& c = f.caps();
+  net::ofi::Fabric f(provider);
+  const net::ofi::FabricInfo& c = f.caps();
   ProviderLimits l;
   l.inject_size = c.inject_size;
   l.max_msg_size = c.max_msg_size;

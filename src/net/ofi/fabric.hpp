@@ -1,11 +1,10 @@
-// fabric.hpp — ferry's one contact with libfabric setup: provider, domain, endpoints, memory.
+// fabric.hpp — libfabric setup for the ofi backend: provider, domain, endpoints, memory.
 //
 // A Fabric opens one provider's fabric and domain and records what the provider demands
-// (Caps): the memory-registration mode bits (FI_MR_LOCAL, virtual vs offset addressing,
+// (FabricInfo): the memory-registration mode bits (FI_MR_LOCAL, virtual vs offset addressing,
 // provider keys, FI_MR_ENDPOINT), the inject size, the largest message and RMA transfer, and
-// the remote CQ data size. The core reads Caps once at setup and obeys them on every
-// operation. An Endpoint is one device's FI_EP_RDM endpoint with its completion queue and
-// address vector; addresses are inserted in rank order, so fi_addr_t == rank.
+// the remote CQ data size; OfiTransport turns them into the transport's Caps. An Endpoint is
+// one device's FI_EP_RDM endpoint with its completion queue and address vector.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -18,9 +17,9 @@
 #include <string>
 #include <vector>
 
-namespace ferry::net {
+namespace ferry::net::ofi {
 
-struct Caps {
+struct FabricInfo {
   std::string provider;        // e.g. "shm", "tcp;ofi_rxm"
   std::string fabric_name;
   std::string domain_name;
@@ -52,7 +51,7 @@ class Fabric {
   Fabric(const Fabric&) = delete;
   Fabric& operator=(const Fabric&) = delete;
 
-  const Caps& caps() const noexcept { return caps_; }
+  const FabricInfo& caps() const noexcept { return caps_; }
   fi_info* info() const noexcept { return info_; }
   fid_domain* domain() const noexcept { return domain_; }
   // A key for the next registration when the provider does not choose keys.
@@ -62,7 +61,7 @@ class Fabric {
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;
-  Caps caps_;
+  FabricInfo caps_;
   // Only uniqueness matters, so relaxed.
   std::atomic<std::uint64_t> key_counter_{1};
 };
@@ -75,8 +74,9 @@ class Endpoint {
   Endpoint& operator=(const Endpoint&) = delete;
 
   std::string address() const;
-  // addresses[r] is rank r's address for this device; afterwards fi_addr_t r reaches rank r.
-  void insert_addresses(const std::vector<std::string>& addresses);
+  // Inserts the non-empty addresses[r]; returns each rank's fi_addr_t (FI_ADDR_NOTAVAIL for
+  // ranks without an address).
+  std::vector<fi_addr_t> insert_addresses(const std::vector<std::string>& addresses);
 
   // Registers [buf, buf+len) with `access` (FI_SEND | FI_RECV | FI_READ | FI_REMOTE_READ ...),
   // obeying FI_MR_ENDPOINT and FI_MR_PROV_KEY. Throws ferry::Error on failure.
@@ -96,4 +96,4 @@ class Endpoint {
 // Closes a registration; null is fine.
 void close_mr(fid_mr* mr) noexcept;
 
-}  // namespace ferry::net
+}  // namespace ferry::net::ofi

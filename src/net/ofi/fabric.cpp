@@ -1,4 +1,4 @@
-#include "net/fabric.hpp"
+#include "net/ofi/fabric.hpp"
 
 #include <rdma/fi_cm.h>
 #include <rdma/fi_errno.h>
@@ -8,7 +8,7 @@
 
 #include "ferry/error.hpp"
 
-namespace ferry::net {
+namespace ferry::net::ofi {
 
 namespace {
 
@@ -196,20 +196,18 @@ std::string Endpoint::address() const {
   return buf;
 }
 
-void Endpoint::insert_addresses(const std::vector<std::string>& addresses) {
+std::vector<fi_addr_t> Endpoint::insert_addresses(const std::vector<std::string>& addresses) {
+  std::vector<fi_addr_t> out(addresses.size(), FI_ADDR_NOTAVAIL);
   for (std::size_t r = 0; r < addresses.size(); ++r) {
-    fi_addr_t out = FI_ADDR_NOTAVAIL;
-    int n = fi_av_insert(av_, addresses[r].data(), 1, &out, 0, nullptr);
+    if (addresses[r].empty()) continue;
+    int n = fi_av_insert(av_, addresses[r].data(), 1, &out[r], 0, nullptr);
     if (n != 1) throw Error(fi_error("fi_av_insert", n) + " for rank " + std::to_string(r));
-    if (out != static_cast<fi_addr_t>(r)) {
-      throw Error("fi_av_insert: rank " + std::to_string(r) + " got address index " + std::to_string(out) +
-                  "; ferry needs FI_AV_TABLE indices in rank order");
-    }
   }
+  return out;
 }
 
 fid_mr* Endpoint::register_memory(const void* buf, std::size_t len, std::uint64_t access) {
-  const Caps& caps = fabric_.caps();
+  const FabricInfo& caps = fabric_.caps();
   fid_mr* mr = nullptr;
   const std::uint64_t key = caps.mr_prov_key ? 0 : fabric_.next_key();
   int rc = fi_mr_reg(fabric_.domain(), buf, len, access, 0, key, 0, &mr, nullptr);
@@ -232,4 +230,4 @@ void close_mr(fid_mr* mr) noexcept {
   if (mr != nullptr) fi_close(&mr->fid);
 }
 
-}  // namespace ferry::net
+}  // namespace ferry::net::ofi

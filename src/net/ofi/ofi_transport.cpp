@@ -1,0 +1,178 @@
+#include "net/ofi/ofi_transport.hpp"
+
+#include <rdma/fi_cm.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include <cerrno>
+#include <cstddef>
+
+#include "common/log.hpp"
+#include "ferry/error.hpp"
+
+namespace ferry::net::ofi {
+
+static_assert(sizeof(fi_context2) <= detail::OpContext::kBackendBytes);
+static_assert(offsetof(detail::OpContext, backend) == 0,
+              "libfabric's context pointer is the OpContext pointer: events need no lookup");
+
+namespace {
+
+constexpr int kMaxPoll = 16;
+
+// libfabric's codes below 256 are errno values; its own (FI_ETRUNC and the like) map to the
+// nearest errno, so the core sees one vocabulary whatever the backend.
+int to_errno(long rc) noexcept {
+  const long e = rc < 0 ? -rc : rc;
+  if (e == 0) return 0;
+  if (e == FI_ETRUNC || e == FI_ETOOSMALL) return -EMSGSIZE;
+  if (e == FI_EAVAIL || e == FI_EOTHER || e == FI_ENOKEY || e == FI_EBADFLAGS || e == FI_ENOEQ ||
+      e == FI_EDOMAIN || e == FI_ENOCQ || e == FI_ECRC || e == FI_ENOAV || e == FI_EOVERRUN || e >= 256) {
+    return -EIO;
+  }
+  return -static_cast<int>(e);
+}
+
+std::uint64_t fi_access(Access a) noexcept {
+  std::uint64_t f = 0;
+  if (has(a, Access::send)) f |= FI_SEND | FI_WRITE;
+  if (has(a, Access::recv)) f |= FI_RECV | FI_READ;
+  if (has(a, Access::remote_read)) f |= FI_REMOTE_READ;
+  if (has(a, Access::remote_write)) f |= FI_REMOTE_WRITE;
+  return f;
+}
+
+class OfiRegistration final : public Registration {
+ public:
+  explicit OfiRegistration(fid_mr* mr) noexcept : mr_(mr) {}
+  ~OfiRegistration() override { close_mr(mr_); }
+  std::uint64_t key() const noexcept override { return fi_mr_key(mr_); }
+  void* desc() const noexcept override { return fi_mr_desc(mr_); }
+
+ private:
+  fid_mr* mr_;
+};
+
+inline void* fi_ctx(detail::OpContext* ctx) noexcept { return ctx->backend; }
+
+class OfiTransport final : public Transport {
+ public:
+  explicit OfiTransport(Fabric& fabric) : endpoint_(fabric, 0) {
+    const FabricInfo& f = fabric.caps();
+    caps_.name = "ofi/" + f.provider;
+    caps_.inject_size = f.inject_size;
+    caps_.max_msg_size = f.max_msg_size;
+    caps_.max_rma_size = f.max_msg_size;
+    caps_.remote_data_bytes = f.cq_data_size;
+    caps_.send_queue = f.tx_size;
+    caps_.rma_virtual_address = f.mr_virt_addr;
+    caps_.local_registration = f.mr_local;
+    caps_.remote_data_consumes_recv = f.rx_cq_data;
+    caps_.reports_source = f.source;
+  }
+
+  ~OfiTransport() override = default;
+
+  std::string address() const override { return endpoint_.address(); }
+
+  void connect(const std::vector<std::string>& addresses) override {
+    to_ = endpoint_.insert_addresses(addresses);
+    // FI_SOURCE reports fi_addr_t values; the inverse table names their ranks.
+    for (std::size_t r = 0; r < to_.size(); ++r) {
+      if (to_[r] == FI_ADDR_NOTAVAIL) continue;
+      if (to_[r] >= from_.size()) from_.resize(to_[r] + 1, -1);
+      from_[to_[r]] = static_cast<int>(r);
+    }
+  }
+
+  int inject(int rank, const void* buf, std::size_t len) override {
+    return to_errno(fi_inject(endpoint_.ep(), buf, len, to_[rank]));
+  }
+  int send(int rank, const void* buf, std::size_t len, void* desc, detail::OpContext* ctx) override {
+    return to_errno(fi_send(endpoint_.ep(), buf, len, desc, to_[rank], fi_ctx(ctx)));
+  }
+  int post_recv(void* buf, std::size_t len, void* desc, detail::OpContext* ctx) override {
+    return to_errno(fi_recv(endpoint_.ep(), buf, len, desc, FI_ADDR_UNSPEC, fi_ctx(ctx)));
+  }
+  int put(int rank, const void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
+          detail::OpContext* ctx) override {
+    return to_errno(fi_write(endpoint_.ep(), buf, len, desc, to_[rank], addr, key, fi_ctx(ctx)));
+  }
+  int put_data(int rank, const void* buf, std::size_t len, void* desc, std::uint64_t data, std::uint64_t addr,
+               std::uint64_t key, detail::OpContext* ctx) override {
+    return to_errno(fi_writedata(endpoint_.ep(), buf, len, desc, data, to_[rank], addr, key, fi_ctx(ctx)));
+  }
+  int inject_put(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key) override {
+    return to_errno(fi_inject_write(endpoint_.ep(), buf, len, to_[rank], addr, key));
+  }
+  int get(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
+          detail::OpContext* ctx) override {
+    return to_errno(fi_read(endpoint_.ep(), buf, len, desc, to_[rank], addr, key, fi_ctx(ctx)));
+  }
+
+  int poll(Event* events, int max) override {
+    fi_cq_data_entry entries[kMaxPoll];
+    fi_addr_t sources[kMaxPoll];
+    if (max > kMaxPoll) max = kMaxPoll;
+    const ssize_t n = caps_.reports_source ? fi_cq_readfrom(endpoint_.cq(), entries, max, sources)
+                                           : fi_cq_read(endpoint_.cq(), entries, max);
+    if (n > 0) {
+      for (ssize_t i = 0; i < n; ++i) {
+        const fi_cq_data_entry& e = entries[i];
+        Event& out = events[i];
+        out.length = e.len;
+        out.error = 0;
+        out.rank = caps_.reports_source ? rank_of(sources[i]) : -1;
+        out.remote_write = (e.flags & FI_REMOTE_CQ_DATA) != 0 && (e.flags & FI_REMOTE_WRITE) != 0;
+        out.data = e.data;
+        // Only under FI_RX_CQ_DATA does a remote write consume a posted receive and carry its
+        // context; otherwise op_context is the provider's own value (shm reports message ids
+        // there) and must not be taken for ferry's.
+        if (out.remote_write && !caps_.remote_data_consumes_recv) {
+          out.context = nullptr;
+        } else {
+          out.context = static_cast<detail::OpContext*>(e.op_context);
+        }
+      }
+      return static_cast<int>(n);
+    }
+    if (n != -FI_EAVAIL) return 0;
+    fi_cq_err_entry err{};
+    if (fi_cq_readerr(endpoint_.cq(), &err, 0) <= 0) return 0;
+    if (err.op_context == nullptr) {
+      FERRY_LOG(error, "error completion without a context: %s", fi_strerror(static_cast<int>(err.err)));
+      return 0;
+    }
+    Event& out = events[0];
+    out.context = static_cast<detail::OpContext*>(err.op_context);
+    out.length = err.len;
+    out.data = err.data;
+    out.rank = -1;
+    out.remote_write = false;
+    out.error = to_errno(err.err != 0 ? err.err : FI_EIO);
+    return 1;
+  }
+
+  Registration* register_memory(const void* buf, std::size_t len, Access access) override {
+    return new OfiRegistration(endpoint_.register_memory(buf, len, fi_access(access)));
+  }
+
+  void cancel_all() noexcept override { fi_cancel(&endpoint_.ep()->fid, nullptr); }
+
+ private:
+  int rank_of(fi_addr_t a) const noexcept {
+    return a < from_.size() ? from_[a] : -1;
+  }
+
+  Endpoint endpoint_;
+  std::vector<fi_addr_t> to_;  // by rank; written by connect, read-only afterwards
+  std::vector<int> from_;      // by fi_addr_t
+};
+
+}  // namespace
+
+std::unique_ptr<Fabric> open_fabric(const std::string& provider) { return std::make_unique<Fabric>(provider); }
+
+std::unique_ptr<Transport> make_transport(Fabric& fabric) { return std::make_unique<OfiTransport>(fabric); }
+
+}  // namespace ferry::net::ofi
