@@ -426,7 +426,7 @@ Status DeviceImpl::post_am(const AmArgs& a) {
     return post_rendezvous(OpKind::am, a.rank, a.tag, a.target.id, a.buffer, a.size, a.local, a.context);
   }
   if (kHeader + a.size <= kStackInject && kHeader + a.size <= l.caps->inject_size) {
-    return inject_small(MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
+    return inject_small(l, MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
   }
   Packet* p = pool_->get();
   if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
@@ -442,12 +442,11 @@ std::size_t DeviceImpl::iovec_eager_limit(std::size_t parts) const noexcept {
 
 // Small messages the provider injects (copies at once) need no packet: header and payload are
 // assembled on the stack, so the pool is not touched at all.
-Status DeviceImpl::inject_small(MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer,
+Status DeviceImpl::inject_small(Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer,
                                 std::size_t size) {
   alignas(16) unsigned char frame[kStackInject];
   encode(frame, WireHeader{kind, 0, target, runtime_.rank(), tag, 0});
   if (size != 0) std::memcpy(frame + kHeader, buffer, size);
-  Link& l = link(rank);
   const int rc = l.transport->inject(rank, frame, kHeader + size);
   if (rc == 0) return Status::make_done();
   if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
@@ -555,7 +554,7 @@ Status DeviceImpl::post_send(const SendArgs& a) {
     return post_rendezvous(OpKind::send, a.rank, a.tag, 0, a.buffer, a.size, a.local, a.context);
   }
   if (kHeader + a.size <= kStackInject && kHeader + a.size <= l.caps->inject_size) {
-    return inject_small(MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
+    return inject_small(l, MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
   }
   Packet* p = pool_->get();
   if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
@@ -893,7 +892,7 @@ void DeviceImpl::start_rendezvous_recv(Packet* rts, const RecvDescriptor* recv) 
   });
 }
 
-void DeviceImpl::on_recv(Link& l, Packet* p, std::size_t length) {
+inline void DeviceImpl::on_recv(Link& l, Packet* p, std::size_t length) {
   --l.posted_recvs;
   // The header comes from another process: its kind and sender are checked before use (the
   // sender indexes the route table).
@@ -1382,7 +1381,15 @@ bool DeviceImpl::progress() {
   bool any = false;
   for (Link& l : links_) {
     const int n = l.transport->poll(events, kPollBatch);
-    for (int i = 0; i < n; ++i) on_event(l, events[i]);
+    for (int i = 0; i < n; ++i) {
+      const net::Event& e = events[i];
+      // The common event, an arrived message, skips the general dispatch.
+      if (__builtin_expect(!e.remote_write && e.error == 0 && e.context->kind() == CtxKind::recv_packet, 1)) {
+        on_recv(l, reinterpret_cast<Packet*>(e.context), e.length);
+      } else {
+        on_event(l, e);
+      }
+    }
     any = any || n > 0;
   }
   run_deferred();

@@ -147,7 +147,7 @@ class DeviceImpl {
   void check_target(const char* call, std::uint16_t id) const;
   std::uint64_t notify_data(const PutArgs& a) const;
   void check_iovec_fits(const AmIovecArgs& a) const;
-  Status inject_small(MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer, std::size_t size);
+  Status inject_small(Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer, std::size_t size);
   Status post_fragments(Link& link, MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer,
                         std::size_t size);
   // Sends what it can of the backlog; true when the backlog is empty.

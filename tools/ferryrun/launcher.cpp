@@ -383,11 +383,16 @@ void Launcher::finish() {
 }
 
 void Launcher::remove_shm_segments() {
-  // libfabric's shm provider names its segments "<pid>:<domain>:<endpoint>" and only a rank
-  // that exits cleanly removes its own; a killed rank's would pile up in /dev/shm.
+  // libfabric's shm provider names its segments "<pid>:<domain>:<endpoint>", ferry's own
+  // shared-memory transport "ferry-<pid>-<device>-<random>". ferry's are unlinked as soon as
+  // every peer has mapped them, libfabric's only by a rank that exits cleanly; a rank killed
+  // before either would leave them in /dev/shm.
   std::vector<std::string> prefixes;
-  for (const Rank& rk : ranks_)
-    if (rk.pid > 0) prefixes.push_back(std::to_string(rk.pid) + ":");
+  for (const Rank& rk : ranks_) {
+    if (rk.pid <= 0) continue;
+    prefixes.push_back(std::to_string(rk.pid) + ":");
+    prefixes.push_back("ferry-" + std::to_string(rk.pid) + "-");
+  }
   if (prefixes.empty()) return;
   DIR* dir = ::opendir("/dev/shm");
   if (!dir) return;

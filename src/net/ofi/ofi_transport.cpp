@@ -22,15 +22,20 @@ constexpr int kMaxPoll = 16;
 
 // libfabric's codes below 256 are errno values; its own (FI_ETRUNC and the like) map to the
 // nearest errno, so the core sees one vocabulary whatever the backend.
-int to_errno(long rc) noexcept {
+[[gnu::cold, gnu::noinline]] int to_errno_slow(long rc) noexcept {
   const long e = rc < 0 ? -rc : rc;
-  if (e == 0) return 0;
   if (e == FI_ETRUNC || e == FI_ETOOSMALL) return -EMSGSIZE;
   if (e == FI_EAVAIL || e == FI_EOTHER || e == FI_ENOKEY || e == FI_EBADFLAGS || e == FI_ENOEQ ||
       e == FI_EDOMAIN || e == FI_ENOCQ || e == FI_ECRC || e == FI_ENOAV || e == FI_EOVERRUN || e >= 256) {
     return -EIO;
   }
   return -static_cast<int>(e);
+}
+
+inline int to_errno(long rc) noexcept {
+  if (__builtin_expect(rc == 0, 1)) return 0;
+  if (rc == -FI_EAGAIN) return -EAGAIN;
+  return to_errno_slow(rc);
 }
 
 std::uint64_t fi_access(Access a) noexcept {
