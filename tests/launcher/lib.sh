@@ -54,11 +54,11 @@ expect_gone() {
   done
 }
 
-# expect_no_shm PID... : no /dev/shm/<pid>:* entry may remain.
+# expect_no_shm PID... : no /dev/shm/<pid>:* (libfabric shm) or ferry-<pid>-* (ferry shm) entry may remain.
 expect_no_shm() {
   local pid f
   for pid in "$@"; do
-    for f in /dev/shm/"$pid":*; do
+    for f in /dev/shm/"$pid":* /dev/shm/ferry-"$pid"-*; do
       [ -e "$f" ] && fail "ferryrun left $f behind"
     done
   done
