@@ -17,31 +17,14 @@ namespace ferry::detail {
 
 namespace {
 
-constexpr std::size_t kHeader = sizeof(WireHeader);
 constexpr std::size_t kMaxSize = std::size_t{1} << 62;  // beyond this, size arithmetic is suspect
 constexpr int kPollBatch = 16;
-}  // namespace
-// Messages up to this size (header included) that the provider can inject are built on the
-// stack instead of in a packet.
-constexpr std::size_t kStackInject = 256;
-// A fragment is built on the stack: at most this many bytes, whatever the inject size.
-constexpr std::size_t kMaxFragmentFrame = 4096;
-constexpr std::size_t kFragmentHeader = kHeader + sizeof(FragBody);
-// Below this inject size fragments would be too small to beat one provider send.
-constexpr std::size_t kMinFragmentInject = 1024;
-namespace {
 
 std::string str(std::size_t v) { return std::to_string(v); }
 
 // Returns the packet behind an active-message payload handed to the caller.
 void release_am_payload(void* pool, void* payload) noexcept {
   static_cast<PacketPool*>(pool)->put(Packet::from_data(static_cast<unsigned char*>(payload) - kHeader));
-}
-
-// The eager part of an iovec active message stays in its RTS packet.
-void release_rts_payload(void* pool, void* payload) noexcept {
-  static_cast<PacketPool*>(pool)->put(
-      Packet::from_data(static_cast<unsigned char*>(payload) - kHeader - sizeof(RtsBody)));
 }
 
 void release_malloc(void*, void* data) noexcept { std::free(data); }
@@ -54,138 +37,22 @@ void release_malloc(void*, void* data) noexcept { std::free(data); }
   return Buffer(heap, b.size(), &release_malloc, nullptr);
 }
 
-void signal_local(CompletionObject* local, Completion&& c) noexcept {
-  if (local != nullptr) local->signal(std::move(c));
-}
-
 }  // namespace
-
-// ---- operation records of the large-message paths -------------------------------------
-
-// The sender's side of a rendezvous: lives until the receiver's FIN. Its fields are written
-// before the RTS leaves and read when the FIN comes back, possibly on another thread; the peer
-// orders the two, invisibly to tools, so `ready` carries the handoff (release before the RTS,
-// acquire on the FIN).
-struct SendOp {
-  std::atomic<bool> ready{false};
-  OpKind op;
-  int rank;
-  Tag tag;
-  std::size_t size;
-  CompletionObject* local;
-  void* context;
-  net::Transport* transport;  // the one the RTS went over; it holds the registrations
-  std::vector<net::Registration*> registrations;
-};
-
-// One RMA transfer of at most max_rma_size bytes.
-struct Chunk {
-  OpContext ctx;  // first: the transport's context
-  void* owner;    // RecvOp* or RmaOp*
-  unsigned char* local;
-  void* desc;  // the registration desc() of `local` under local_registration, or null
-  std::size_t size;
-  std::uint64_t remote_addr;
-  std::uint64_t key;
-};
-static_assert(offsetof(Chunk, ctx) == 0);
-
-// The receiver's side of a rendezvous: reads every part, then delivers and sends FIN.
-struct RecvOp {
-  enum class Goal : std::uint8_t { user_recv, am, iovec } goal;
-  DeviceImpl* device;
-  int rank;
-  Tag tag;
-  std::uint16_t target;
-  std::uint64_t send_op;
-  std::size_t size;  // bytes delivered (user_recv: after truncation)
-  int error = 0;
-  CompletionObject* local = nullptr;  // user_recv
-  void* context = nullptr;
-  Buffer eager;               // iovec: the eager part
-  std::vector<Buffer> parts;  // am: [0] is the whole message; iovec: each zero-copy part
-  Link* link = nullptr;       // the sender's link
-  std::vector<net::Registration*> registrations;  // of the destinations, under local_registration
-  std::vector<Chunk> chunks;
-  std::size_t issued = 0;
-  std::size_t completed = 0;
-};
-
-// A put or get of more than one chunk; a notifying put writes its last chunk with data after
-// all others completed, so the target never sees the notification before the data.
-struct RmaOp {
-  OpKind op;
-  int rank;
-  std::size_t size;
-  CompletionObject* local;
-  void* context;
-  bool notify;
-  std::uint64_t notify_data;
-  int error = 0;
-  Link* link = nullptr;
-  net::Registration* registration = nullptr;  // of the local buffer, under local_registration
-  std::vector<Chunk> chunks;
-  std::size_t issued = 0;
-  std::size_t completed = 0;
-};
 
 RegionImpl::~RegionImpl() {
   for (auto& [transport, registration] : registrations) transport->deregister(registration);
 }
 
-namespace {
-// Deregisters a temporary registration; null is fine.
-void release_registration(net::Transport* t, net::Registration* r) noexcept {
-  if (r != nullptr) t->deregister(r);
-}
-}  // namespace
 
 // ---- setup ----------------------------------------------------------------------------
 
 DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, const Config& config,
                        std::vector<std::unique_ptr<net::Transport>> transports, const std::vector<int>& route)
-    : runtime_(runtime),
-      index_(index),
-      config_(config),
-      pool_(std::make_unique<PacketPool>(config.packets, config.packet_size)),
+    : DeviceContext(runtime, index, config, std::move(transports), route),
       recv_descriptors_(std::make_unique<PacketPool>(config.recv_descriptors, 64)),
-      transports_(std::move(transports)),
-      eager_limit_(config.packet_size - kHeader),
-      credits_max_(config.send_credits),
-      credits_(0) {
-  if (config.rdv_threshold != 0 && config.rdv_threshold < eager_limit_) eager_limit_ = config.rdv_threshold;
-  std::size_t send_queue = 0;
-  for (const auto& t : transports_) {
-    const net::Caps& caps = t->caps();
-    if (eager_limit_ > caps.max_msg_size - kHeader) eager_limit_ = caps.max_msg_size - kHeader;
-    if (caps.send_queue != 0) send_queue = send_queue == 0 ? caps.send_queue : std::min(send_queue, caps.send_queue);
-  }
-  if (credits_max_ == 0) credits_max_ = send_queue != 0 ? send_queue : 256;
-  credits_.store(static_cast<std::int64_t>(credits_max_), std::memory_order_relaxed);
-  // Fragments carry messages up to FERRY_FRAGMENT_MAX (or the packet's eager limit, if larger),
-  // never past an explicit rendezvous threshold; 32-bit offsets on the wire.
-  std::size_t limit = std::max(eager_limit_, config.fragment_max);
-  if (config.rdv_threshold != 0) limit = std::min(limit, config.rdv_threshold);
-  limit = std::min<std::size_t>(limit, std::numeric_limits<std::uint32_t>::max());
-  links_.reserve(transports_.size());
-  for (const auto& t : transports_) {
-    const net::Caps& caps = t->caps();
-    Link l{t.get(), &caps, nullptr, nullptr, 0, 0, 0};
-    if (config.fragment == FragmentMode::automatic && caps.inject_size >= kMinFragmentInject &&
-        kHeader + limit > caps.inject_size) {
-      l.fragment_payload = std::min(caps.inject_size, kMaxFragmentFrame) - kFragmentHeader;
-      l.fragment_limit = limit;
-      fragment_limit_ = std::max(fragment_limit_, limit);
-      partials_.reserve(64);
-    }
-    // The packet slab is registered once per transport; the desc matters only under local_registration.
-    l.pool_registration = t->register_memory(pool_->slab(), pool_->slab_bytes(), net::Access::send | net::Access::recv);
-    l.pool_desc = caps.local_registration ? l.pool_registration->desc() : nullptr;
-    links_.push_back(l);
-  }
-  route_.resize(route.size(), nullptr);
-  for (std::size_t r = 0; r < route.size(); ++r) route_[r] = &links_[static_cast<std::size_t>(route[r])];
-}
+      fragments_(*this),
+      rendezvous_(*this),
+      rma_(*this) {}
 
 DeviceImpl::~DeviceImpl() {
   // Cancel what the transports still hold, then give the packets back so the pool can go.
@@ -195,12 +62,6 @@ DeviceImpl::~DeviceImpl() {
                     recv_blocks::give(m->arrived.heap);
                     m->pool->put_shared(m);
                   });
-  for (Partial& m : partials_) recv_blocks::give(m.heap);
-  for (Packet* p = backlog_head_; p != nullptr; p = p->next) {
-    if (p->backlog.frame != p->data()) std::free(p->backlog.frame);
-  }
-  for (Link& l : links_) l.transport->deregister(l.pool_registration);
-  // transports_ close in their destructors before pool_ frees the slab (declaration order).
 }
 
 void DeviceImpl::start() {
@@ -228,10 +89,6 @@ void check_remote(const char* call, int rank, int device, const RemoteKey& key, 
 // The checks are inline compares; only the throwing halves are out of line (and cold), so
 // the fast path pays a few predictable branches.
 namespace {
-
-[[noreturn, gnu::cold, gnu::noinline]] void throw_transport(const Link& link, const char* call, int rc, int rank) {
-  throw Error(net::error_text(call, rc) + " to rank " + std::to_string(rank) + " over " + link.caps->name);
-}
 
 [[noreturn, gnu::cold, gnu::noinline]] void throw_target(const char* call, std::uint16_t id, std::size_t max) {
   throw Error(std::string(call) + ": target=" + std::to_string(id) + " is out of range; FERRY_MAX_TARGETS=" +
@@ -345,197 +202,20 @@ inline void DeviceImpl::check_target(const char* call, std::uint16_t id) const {
   if (__builtin_expect(id >= runtime_.max_targets(), 0)) throw_target(call, id, runtime_.max_targets());
 }
 
-// ---- credits and the deferred list ---------------------------------------------------
-
-bool DeviceImpl::take_credit() noexcept {
-  if (credits_.fetch_sub(1, std::memory_order_relaxed) > 0) return true;
-  credits_.fetch_add(1, std::memory_order_relaxed);
-  return false;
-}
-
-void DeviceImpl::return_credit() noexcept { credits_.fetch_add(1, std::memory_order_relaxed); }
-
-void DeviceImpl::defer(std::function<bool()> step) {
-  std::lock_guard<std::mutex> guard(deferred_mutex_);
-  deferred_.push_back(std::move(step));
-  deferred_count_.store(deferred_.size(), std::memory_order_relaxed);
-}
-
-void DeviceImpl::run_deferred() {
-  // Relaxed: a stale zero only postpones the work to the next progress call.
-  if (deferred_count_.load(std::memory_order_relaxed) == 0) return;
-  std::vector<std::function<bool()>> work;
-  {
-    std::unique_lock<std::mutex> guard(deferred_mutex_, std::try_to_lock);
-    if (!guard.owns_lock()) return;
-    work.swap(deferred_);
-    deferred_count_.store(0, std::memory_order_relaxed);
-  }
-  std::vector<std::function<bool()>> again;
-  for (auto& step : work) {
-    if (!step()) again.push_back(std::move(step));
-  }
-  if (!again.empty()) {
-    std::lock_guard<std::mutex> guard(deferred_mutex_);
-    for (auto& step : again) deferred_.push_back(std::move(step));
-    deferred_count_.store(deferred_.size(), std::memory_order_relaxed);
-  }
-}
-
-// ---- sending packets -------------------------------------------------------------------
-
-// Sends p's first `length` payload bytes to `rank`. The packet is consumed on every path.
-Status DeviceImpl::send_packet(Packet* p, int rank, std::size_t length) {
-  Link& l = link(rank);
-  if (length <= l.caps->inject_size) {
-    const int rc = l.transport->inject(rank, p->data(), length);
-    pool_->put(p);
-    if (rc == 0) return Status::make_done();
-    if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
-    throw_transport(l, "inject", rc, rank);
-  }
-  if (!take_credit()) {
-    pool_->put(p);
-    return Status::make_retry(RetryReason::send_queue);
-  }
-  p->send.rank = rank;
-  p->ctx.set_kind(CtxKind::send_packet);  // release: after every field the completion reads
-  const int rc = l.transport->send(rank, p->data(), length, l.pool_desc, &p->ctx);
-  if (rc == 0) return Status::make_done();
-  return_credit();
-  pool_->put(p);
-  if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
-  throw_transport(l, "send", rc, rank);
-}
-
-namespace {
-
-Packet* fill_header(Packet* p, MsgKind kind, std::uint16_t target, int src, Tag tag, std::uint32_t aux = 0) {
-  encode(p->data(), WireHeader{kind, 0, target, src, tag, aux});
-  return p;
-}
-
-}  // namespace
-
 Status DeviceImpl::post_am(const AmArgs& a) {
   check(a);
-  if (!backlog_clear()) return Status::make_retry(RetryReason::provider);
+  if (!fragments_.clear()) return Status::make_retry(RetryReason::provider);
   Link& l = link(a.rank);
-  if (l.fragmented(a.size)) return post_fragments(l, MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
+  if (l.fragmented(a.size)) return fragments_.post(l, MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
   if (a.size > eager_limit_) {
-    return post_rendezvous(OpKind::am, a.rank, a.tag, a.target.id, a.buffer, a.size, a.local, a.context);
+    return rendezvous_.post(OpKind::am, a.rank, a.tag, a.target.id, a.buffer, a.size, a.local, a.context);
   }
-  if (kHeader + a.size <= kStackInject && kHeader + a.size <= l.caps->inject_size) {
-    return inject_small(l, MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
-  }
-  Packet* p = pool_->get();
-  if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
-  fill_header(p, MsgKind::am, a.target.id, runtime_.rank(), a.tag);
-  if (a.size != 0) std::memcpy(p->data() + kHeader, a.buffer, a.size);
-  return send_packet(p, a.rank, kHeader + a.size);
+  return post_eager(*this, l, MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
 }
 
 std::size_t DeviceImpl::iovec_eager_limit(std::size_t parts) const noexcept {
   const std::size_t overhead = kHeader + sizeof(RtsBody) + parts * sizeof(RtsPart);
   return overhead >= config_.packet_size ? 0 : config_.packet_size - overhead;
-}
-
-// Small messages the provider injects (copies at once) need no packet: header and payload are
-// assembled on the stack, so the pool is not touched at all.
-Status DeviceImpl::inject_small(Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer,
-                                std::size_t size) {
-  alignas(16) unsigned char frame[kStackInject];
-  encode(frame, WireHeader{kind, 0, target, runtime_.rank(), tag, 0});
-  if (size != 0) std::memcpy(frame + kHeader, buffer, size);
-  const int rc = l.transport->inject(rank, frame, kHeader + size);
-  if (rc == 0) return Status::make_done();
-  if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
-  throw_transport(l, "inject", rc, rank);
-}
-
-// The pieces go straight from the caller's buffer; only a tail the provider refuses is copied
-// (into the packet taken up front, so an empty pool is a retry before anything is sent).
-Status DeviceImpl::post_fragments(Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank, const void* buffer,
-                                  std::size_t size) {
-  Packet* spare = pool_->get();
-  if (spare == nullptr) return Status::make_retry(RetryReason::packet_pool);
-  const std::uint32_t id = next_fragment_id_.fetch_add(1, std::memory_order_relaxed);  // a name, orders nothing
-  alignas(16) unsigned char frame[kMaxFragmentFrame];
-  encode(frame, WireHeader{MsgKind::frag, static_cast<std::uint8_t>(kind), target, runtime_.rank(), tag, id});
-  const auto* src = static_cast<const unsigned char*>(buffer);
-  const std::size_t payload = l.fragment_payload;
-  for (std::size_t off = 0; off < size; off += payload) {
-    const std::size_t n = std::min(payload, size - off);
-    encode(frame + kHeader, FragBody{static_cast<std::uint32_t>(off), static_cast<std::uint32_t>(size)});
-    std::memcpy(frame + kFragmentHeader, src + off, n);
-    const int rc = l.transport->inject(rank, frame, kFragmentHeader + n);
-    if (rc == 0) continue;
-    if (rc != -EAGAIN || off == 0) {
-      pool_->put(spare);
-      if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
-      throw_transport(l, "inject", rc, rank);
-    }
-    // The provider took the first pieces: the rest must follow them, so it joins the backlog.
-    // Layout: [frame header][remaining bytes], in the spare packet or, for a message larger
-    // than a packet, a heap block; each later piece's header is written just in front of its
-    // bytes, over bytes already sent.
-    unsigned char* d = spare->data();
-    if (kFragmentHeader + (size - off) > spare->capacity) {
-      d = static_cast<unsigned char*>(std::malloc(kFragmentHeader + (size - off)));
-      if (d == nullptr) {
-        pool_->put(spare);
-        throw Error("post: cannot allocate " + str(size - off) + " bytes for a message's pieces the provider refused");
-      }
-    }
-    std::memcpy(d, frame, kHeader);
-    std::memcpy(d + kFragmentHeader, src + off, size - off);
-    spare->backlog = BacklogTail{d, rank, static_cast<std::uint32_t>(size), static_cast<std::uint32_t>(size - off), 0};
-    spare->next = nullptr;
-    {
-      // Counted under the lock, with the link: counted after the unlock, a flusher's decrement
-      // for another tail could bring the count to zero while this tail still waits, and this
-      // thread's next message would overtake it. Relaxed: the lock publishes the packet, and
-      // the only reader that must see this increment is this thread.
-      std::lock_guard<SpinLock> guard(backlog_lock_);
-      if (backlog_tail_ != nullptr) backlog_tail_->next = spare; else backlog_head_ = spare;
-      backlog_tail_ = spare;
-      backlog_count_.fetch_add(1, std::memory_order_relaxed);
-    }
-    return Status::make_done();
-  }
-  pool_->put(spare);
-  return Status::make_done();
-}
-
-bool DeviceImpl::flush_backlog() {
-  std::unique_lock<SpinLock> guard(backlog_lock_, std::try_to_lock);
-  if (!guard.owns_lock()) return false;
-  while (Packet* packet = backlog_head_) {
-    BacklogTail* p = &packet->backlog;
-    unsigned char* d = p->frame;
-    Link& l = link(p->rank);
-    while (p->remaining() != 0) {
-      const std::size_t n = std::min<std::size_t>(l.fragment_payload, p->remaining());
-      unsigned char* piece = d + p->sent;  // its bytes start at piece + kFragmentHeader
-      if (p->sent != 0) std::memcpy(piece, d, kHeader);  // sent >= fragment_payload > kHeader: no overlap
-      encode(piece + kHeader, FragBody{p->offset(), p->size});
-      const int rc = l.transport->inject(p->rank, piece, kFragmentHeader + n);
-      if (rc == -EAGAIN) return false;
-      if (rc != 0) {
-        // The peer is unreachable: the rest of this message cannot be delivered. Said, not hidden.
-        FERRY_LOG_AT(error, runtime_.rank(), index_, "dropped the rest of a %zu-byte message to rank %d: %s",
-                     static_cast<std::size_t>(p->size), p->rank, net::error_text("inject", rc).c_str());
-        break;
-      }
-      p->sent += static_cast<std::uint32_t>(n);
-    }
-    backlog_head_ = packet->next;
-    if (backlog_head_ == nullptr) backlog_tail_ = nullptr;
-    if (d != packet->data()) std::free(d);
-    pool_->put(packet);
-    backlog_count_.fetch_sub(1, std::memory_order_release);
-  }
-  return true;
 }
 
 bool DeviceImpl::post_barrier_step(int rank, std::uint32_t step) {
@@ -547,106 +227,18 @@ bool DeviceImpl::post_barrier_step(int rank, std::uint32_t step) {
 
 Status DeviceImpl::post_send(const SendArgs& a) {
   check(a);
-  if (!backlog_clear()) return Status::make_retry(RetryReason::provider);
+  if (!fragments_.clear()) return Status::make_retry(RetryReason::provider);
   Link& l = link(a.rank);
-  if (l.fragmented(a.size)) return post_fragments(l, MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
+  if (l.fragmented(a.size)) return fragments_.post(l, MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
   if (a.size > eager_limit_) {
-    return post_rendezvous(OpKind::send, a.rank, a.tag, 0, a.buffer, a.size, a.local, a.context);
+    return rendezvous_.post(OpKind::send, a.rank, a.tag, 0, a.buffer, a.size, a.local, a.context);
   }
-  if (kHeader + a.size <= kStackInject && kHeader + a.size <= l.caps->inject_size) {
-    return inject_small(l, MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
-  }
-  Packet* p = pool_->get();
-  if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
-  fill_header(p, MsgKind::msg, 0, runtime_.rank(), a.tag);
-  if (a.size != 0) std::memcpy(p->data() + kHeader, a.buffer, a.size);
-  return send_packet(p, a.rank, kHeader + a.size);
-}
-
-// Registers the sender's buffer and sends an RTS; the receiver reads and answers with FIN.
-Status DeviceImpl::post_rendezvous(OpKind op, int rank, Tag tag, std::uint16_t target, const void* buffer,
-                                   std::size_t size, CompletionObject* local, void* context) {
-  Packet* p = pool_->get();
-  if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
-  auto* send = new SendOp{};
-  send->op = op;
-  send->rank = rank;
-  send->tag = tag;
-  send->size = size;
-  send->local = local;
-  send->context = context;
-  Link& l = link(rank);
-  send->transport = l.transport;
-  try {
-    send->registrations.push_back(l.transport->register_memory(buffer, size, net::Access::remote_read | net::Access::send));
-  } catch (...) {
-    pool_->put(p);
-    delete send;
-    throw;
-  }
-  net::Registration* mr = send->registrations[0];
-  fill_header(p, op == OpKind::am ? MsgKind::rts_am : MsgKind::rts_msg, target, runtime_.rank(), tag);
-  encode(p->data() + kHeader,
-         RtsBody{size, l.caps->rma_virtual_address ? reinterpret_cast<std::uint64_t>(buffer) : 0, mr->key(),
-                 reinterpret_cast<std::uint64_t>(send)});
-  open_ops_.fetch_add(1, std::memory_order_relaxed);
-  send->ready.store(true, std::memory_order_release);
-  const Status s = send_packet(p, rank, kHeader + sizeof(RtsBody));
-  if (s.is_retry()) {
-    open_ops_.fetch_sub(1, std::memory_order_relaxed);
-    l.transport->deregister(mr);
-    delete send;
-    return s;
-  }
-  return Status::make_posted();
+  return post_eager(*this, l, MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
 }
 
 Status DeviceImpl::post_am_iovec(const AmIovecArgs& a) {
   const std::size_t total = check(a);
-  const std::size_t need = kHeader + sizeof(RtsBody) + a.eager.size + a.parts.size() * sizeof(RtsPart);
-  Packet* p = pool_->get();
-  if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
-  auto* send = new SendOp{};
-  send->op = OpKind::am;
-  send->rank = a.rank;
-  send->tag = a.tag;
-  send->size = a.eager.size + total;
-  send->local = a.local;
-  send->context = a.context;
-  Link& l = link(a.rank);
-  send->transport = l.transport;
-  unsigned char* at = p->data() + kHeader + sizeof(RtsBody);
-  if (a.eager.size != 0) std::memcpy(at, a.eager.buffer, a.eager.size);
-  at += a.eager.size;
-  try {
-    for (const IoPart& part : a.parts) {
-      std::uint64_t key = 0;
-      if (part.size != 0) {
-        send->registrations.push_back(
-            l.transport->register_memory(part.buffer, part.size, net::Access::remote_read | net::Access::send));
-        key = send->registrations.back()->key();
-      }
-      encode(at, RtsPart{part.size, l.caps->rma_virtual_address ? reinterpret_cast<std::uint64_t>(part.buffer) : 0, key});
-      at += sizeof(RtsPart);
-    }
-  } catch (...) {
-    for (net::Registration* r : send->registrations) l.transport->deregister(r);
-    delete send;
-    pool_->put(p);
-    throw;
-  }
-  fill_header(p, MsgKind::rts_iovec, a.target.id, runtime_.rank(), a.tag, static_cast<std::uint32_t>(a.parts.size()));
-  encode(p->data() + kHeader, RtsBody{a.eager.size, 0, 0, reinterpret_cast<std::uint64_t>(send)});
-  open_ops_.fetch_add(1, std::memory_order_relaxed);
-  send->ready.store(true, std::memory_order_release);
-  const Status s = send_packet(p, a.rank, need);
-  if (s.is_retry()) {
-    open_ops_.fetch_sub(1, std::memory_order_relaxed);
-    for (net::Registration* r : send->registrations) l.transport->deregister(r);
-    delete send;
-    return s;
-  }
-  return Status::make_posted();
+  return rendezvous_.post_iovec(a, total);
 }
 
 // ---- receiving ---------------------------------------------------------------------------
@@ -665,7 +257,7 @@ Status DeviceImpl::post_recv(const RecvArgs& a) {
   }
   const auto h = decode<WireHeader>(m->data());
   if (h.kind == MsgKind::rts_msg) {
-    start_rendezvous_recv(m, &spec);
+    rendezvous_.start_recv(m, &spec);
     return Status::make_posted();
   }
   // An eager message was already here: copy it out and finish now.
@@ -712,186 +304,6 @@ void DeviceImpl::release_message(Packet* m) noexcept {
   pool_->put(m);
 }
 
-namespace {
-
-// Splits [local, local+size) read from (addr, key) into chunks of at most `max` bytes.
-void add_chunks(std::vector<Chunk>& out, void* owner, CtxKind kind, unsigned char* local, void* desc,
-                std::size_t size, std::uint64_t addr, std::uint64_t key, std::size_t max) {
-  for (std::size_t off = 0; off < size; off += max) {
-    Chunk c{};
-    c.ctx.set_kind(kind);
-    c.owner = owner;
-    c.local = local + off;
-    c.desc = desc;
-    c.size = size - off < max ? size - off : max;
-    c.remote_addr = addr + off;
-    c.key = key;
-    out.push_back(c);
-  }
-}
-
-}  // namespace
-
-// Issues a RecvOp's reads as credits allow; true when all are issued.
-static bool issue_reads(DeviceImpl& dev, RecvOp* op) {
-  net::Transport* t = op->link->transport;
-  while (op->issued < op->chunks.size()) {
-    Chunk& c = op->chunks[op->issued];
-    if (!dev.take_credit()) return false;
-    const int rc = t->get(op->rank, c.local, c.size, c.desc, c.remote_addr, c.key, &c.ctx);
-    if (rc == -EAGAIN) {
-      dev.return_credit();
-      return false;
-    }
-    if (rc != 0) {
-      dev.return_credit();
-      FERRY_LOG_AT(error, dev.runtime().rank(), dev.index(), "%s reading %zu bytes from rank %d",
-                   net::error_text("get", rc).c_str(), c.size, op->rank);
-      op->error = rc;
-      ++op->completed;  // treat as finished-with-error so the op can complete
-    }
-    ++op->issued;
-  }
-  return true;
-}
-
-// Sends a FIN; false when it must be tried again later.
-static bool send_fin(DeviceImpl& dev, int rank, std::uint64_t send_op, int src) {
-  Packet* p = dev.pool().get();
-  if (p == nullptr) return false;
-  encode(p->data(), WireHeader{MsgKind::fin, 0, 0, src, 0, 0});
-  encode(p->data() + kHeader, FinBody{send_op});
-  try {
-    return !dev.send_packet(p, rank, kHeader + sizeof(FinBody)).is_retry();
-  } catch (const std::exception& e) {
-    FERRY_LOG_AT(error, src, dev.index(), "cannot send a rendezvous FIN to rank %d: %s", rank, e.what());
-    return true;
-  }
-}
-
-// Finishes a RecvOp whose reads are all complete: deliver, FIN, free.
-static void finish_recv_op(DeviceImpl& dev, RecvOp* op) {
-  for (net::Registration* r : op->registrations) op->link->transport->deregister(r);
-  op->registrations.clear();
-  Completion c;
-  c.rank = op->rank;
-  c.tag = op->tag;
-  c.size = op->size;
-  c.error = op->error;
-  const int src = dev.runtime().rank();
-  const int rank = op->rank;
-  const std::uint64_t send_op = op->send_op;
-  switch (op->goal) {
-    case RecvOp::Goal::user_recv:
-      c.op = OpKind::recv;
-      c.context = op->context;
-      signal_local(op->local, std::move(c));
-      break;
-    case RecvOp::Goal::am:
-      c.op = OpKind::remote_am;
-      c.buffer = std::move(op->parts[0]);
-      dev.runtime().deliver(op->target, std::move(c));
-      break;
-    case RecvOp::Goal::iovec:
-      c.op = OpKind::remote_am;
-      c.buffer = std::move(op->eager);
-      c.parts = std::move(op->parts);
-      dev.runtime().deliver(op->target, std::move(c));
-      break;
-  }
-  delete op;
-  dev.open_ops().fetch_sub(1, std::memory_order_relaxed);
-  if (!send_fin(dev, rank, send_op, src)) {
-    dev.defer([&dev, rank, send_op, src] { return send_fin(dev, rank, send_op, src); });
-  }
-}
-
-// Starts reading the message an RTS announces. `recv` is the matched user receive (rts_msg)
-// or null (rts_am, rts_iovec). Consumes the RTS packet. Called by progress or by post_recv.
-void DeviceImpl::start_rendezvous_recv(Packet* rts, const RecvDescriptor* recv) {
-  const auto h = decode<WireHeader>(rts->data());
-  const auto body = decode<RtsBody>(rts->data() + kHeader);
-  auto* op = new RecvOp{};
-  op->device = this;
-  op->rank = h.src;
-  op->tag = h.tag;
-  op->target = h.target;
-  op->send_op = body.send_op;
-  Link& l = link(h.src);
-  op->link = &l;
-  const std::size_t max = l.caps->max_rma_size;
-  // Under local_registration each destination needs its own registration and descriptor.
-  auto reg_local = [&](void* dst, std::size_t n) -> void* {
-    if (!l.caps->local_registration || n == 0) return nullptr;
-    op->registrations.push_back(l.transport->register_memory(dst, n, net::Access::recv));
-    return op->registrations.back()->desc();
-  };
-  try {
-    switch (h.kind) {
-      case MsgKind::rts_msg: {
-        op->goal = RecvOp::Goal::user_recv;
-        op->local = recv->local;
-        op->context = recv->context;
-        op->size = body.size <= recv->size ? body.size : recv->size;
-        if (body.size > recv->size) op->error = -EMSGSIZE;
-        void* desc = reg_local(recv->buffer, op->size);
-        add_chunks(op->chunks, op, CtxKind::rdv_read, static_cast<unsigned char*>(recv->buffer), desc, op->size,
-                   body.addr, body.key, max);
-        break;
-      }
-      case MsgKind::rts_am: {
-        op->goal = RecvOp::Goal::am;
-        op->size = body.size;
-        void* dst = recv_blocks::take(body.size);
-        if (dst == nullptr) throw Error("rendezvous: cannot allocate " + str(body.size) + " bytes for an active message");
-        op->parts.emplace_back(dst, body.size, &recv_blocks::release, nullptr);
-        void* desc = reg_local(dst, body.size);
-        add_chunks(op->chunks, op, CtxKind::rdv_read, static_cast<unsigned char*>(dst), desc, body.size, body.addr,
-                   body.key, max);
-        break;
-      }
-      case MsgKind::rts_iovec: {
-        op->goal = RecvOp::Goal::iovec;
-        const unsigned char* at = rts->data() + kHeader + sizeof(RtsBody);
-        const std::size_t eager = body.size;
-        op->size = eager;
-        const unsigned char* table = at + eager;
-        for (std::uint32_t i = 0; i < h.aux; ++i) {
-          const auto part = decode<RtsPart>(table + i * sizeof(RtsPart));
-          void* dst = part.size != 0 ? recv_blocks::take(part.size) : nullptr;
-          if (part.size != 0 && dst == nullptr) throw Error("rendezvous: cannot allocate " + str(part.size) + " bytes");
-          op->parts.emplace_back(dst, part.size, &recv_blocks::release, nullptr);
-          op->size += part.size;
-          void* desc = reg_local(dst, part.size);
-          add_chunks(op->chunks, op, CtxKind::rdv_read, static_cast<unsigned char*>(dst), desc, part.size, part.addr,
-                     part.key, max);
-        }
-        // The eager part stays in the RTS packet, handed over as the completion's buffer.
-        op->eager = Buffer(rts->data() + kHeader + sizeof(RtsBody), eager, &release_rts_payload, pool_.get());
-        rts = nullptr;
-        break;
-      }
-      default:
-        break;
-    }
-  } catch (const std::exception& e) {
-    FERRY_LOG_AT(error, runtime_.rank(), index_, "cannot receive a rendezvous from rank %d: %s", h.src, e.what());
-    op->error = -ENOMEM;
-    op->chunks.clear();  // nothing to read: complete with the error (the sender still gets its FIN)
-  }
-  if (rts != nullptr) pool_->put(rts);
-  open_ops_.fetch_add(1, std::memory_order_relaxed);
-  if (op->chunks.empty()) {
-    finish_recv_op(*this, op);
-    return;
-  }
-  defer([this, op] {
-    if (!issue_reads(*this, op)) return false;
-    if (op->completed == op->chunks.size()) finish_recv_op(*this, op);
-    return true;
-  });
-}
-
 inline void DeviceImpl::on_recv(Link& l, Packet* p, std::size_t length) {
   --l.posted_recvs;
   // The header comes from another process: its kind and sender are checked before use (the
@@ -904,67 +316,12 @@ inline void DeviceImpl::on_recv(Link& l, Packet* p, std::size_t length) {
   }
   p->arrived.length = static_cast<std::uint32_t>(length);
   if (p->data()[0] == static_cast<std::uint8_t>(MsgKind::frag)) {
-    on_fragment(p, length);
+    const Fragments::Whole w = fragments_.on_fragment(p, length);
+    if (w.packet == nullptr) return;
+    if (w.heap != nullptr) on_heap_message(w.packet, w.heap, w.size); else on_packet(w.packet);
     return;
   }
   on_packet(p);
-}
-
-void DeviceImpl::on_fragment(Packet* p, std::size_t length) {
-  unsigned char* d = p->data();
-  const auto h = decode<WireHeader>(d);
-  // Too short to hold a FragBody: offset > total marks it malformed below.
-  const auto f = length >= kFragmentHeader ? decode<FragBody>(d + kHeader) : FragBody{1, 0};
-  const std::size_t n = length >= kFragmentHeader ? length - kFragmentHeader : 0;
-  const auto kind = static_cast<MsgKind>(h.reserved);
-  const std::size_t limit = std::max<std::size_t>(p->capacity - kHeader, fragment_limit_);
-  if ((kind != MsgKind::am && kind != MsgKind::msg) || f.total > limit || f.offset > f.total ||
-      n > f.total - f.offset) {
-    FERRY_LOG_AT(warn, runtime_.rank(), index_, "dropped a malformed fragment of %zu bytes from rank %d", length, h.src);
-    pool_->put(p);
-    return;
-  }
-  for (Partial& m : partials_) {
-    if (m.src != h.src || m.id != h.aux) continue;
-    std::memcpy((m.heap != nullptr ? m.heap : m.packet->data() + kHeader) + f.offset, d + kFragmentHeader, n);
-    pool_->put(p);
-    m.received += static_cast<std::uint32_t>(n);
-    if (m.received < f.total) return;
-    Packet* whole = m.packet;
-    unsigned char* heap = m.heap;
-    m = partials_.back();
-    partials_.pop_back();
-    if (heap != nullptr) {
-      on_heap_message(whole, heap, f.total);
-      return;
-    }
-    whole->arrived.length = static_cast<std::uint32_t>(kHeader + f.total);
-    on_packet(whole);
-    return;
-  }
-  if (f.total > p->capacity - kHeader) {
-    // Larger than a packet: the payload gathers in a heap block, the packet keeps the header.
-    auto* heap = static_cast<unsigned char*>(recv_blocks::take(f.total));
-    if (heap == nullptr) {
-      FERRY_LOG_AT(error, runtime_.rank(), index_, "dropped a %u-byte message from rank %d: out of memory", f.total, h.src);
-      pool_->put(p);
-      return;
-    }
-    std::memcpy(heap + f.offset, d + kFragmentHeader, n);
-    encode(d, WireHeader{kind, 0, h.target, h.src, h.tag, 0});
-    partials_.push_back(Partial{h.src, h.aux, p, heap, static_cast<std::uint32_t>(n)});
-    return;
-  }
-  // The first piece to arrive: its packet becomes the message (header of the message's own
-  // kind, payload at its offset), so reassembly takes no buffer of its own.
-  std::memmove(d + kHeader + f.offset, d + kFragmentHeader, n);
-  encode(d, WireHeader{kind, 0, h.target, h.src, h.tag, 0});
-  if (n == f.total) {
-    p->arrived.length = static_cast<std::uint32_t>(kHeader + n);
-    on_packet(p);
-    return;
-  }
-  partials_.push_back(Partial{h.src, h.aux, p, nullptr, static_cast<std::uint32_t>(n)});
 }
 
 // A tagged message (msg or rts_msg, its arrived.from set) meets its receive, or waits in the
@@ -974,7 +331,7 @@ inline void DeviceImpl::match_message(Packet* p, MsgKind kind) {
   if (r == nullptr) return;  // unexpected: the packet waits in the matching engine
   const RecvDescriptor spec = r->recv;
   recv_descriptors_->put(r);
-  if (kind == MsgKind::msg) deliver_message(spec, p); else start_rendezvous_recv(p, &spec);
+  if (kind == MsgKind::msg) deliver_message(spec, p); else rendezvous_.start_recv(p, &spec);
 }
 
 void DeviceImpl::on_heap_message(Packet* p, unsigned char* heap, std::size_t size) {
@@ -1021,7 +378,7 @@ void DeviceImpl::on_packet(Packet* p) {
       return;
     case MsgKind::rts_am:
     case MsgKind::rts_iovec:
-      start_rendezvous_recv(p, nullptr);
+      rendezvous_.start_recv(p, nullptr);
       return;
     case MsgKind::barrier:
       pool_->put(p);
@@ -1030,36 +387,10 @@ void DeviceImpl::on_packet(Packet* p) {
     case MsgKind::frag:  // on_recv hands fragments to on_fragment, which never passes one on
       pool_->put(p);
       return;
-    case MsgKind::fin: {
-      const auto fin = decode<FinBody>(p->data() + kHeader);
-      pool_->put(p);
-      auto* send = reinterpret_cast<SendOp*>(fin.send_op);
-      (void)send->ready.load(std::memory_order_acquire);
-      for (net::Registration* r : send->registrations) send->transport->deregister(r);
-      Completion c;
-      c.op = send->op;
-      c.rank = send->rank;
-      c.tag = send->tag;
-      c.size = send->size;
-      c.context = send->context;
-      CompletionObject* local = send->local;
-      delete send;
-      open_ops_.fetch_sub(1, std::memory_order_relaxed);
-      signal_local(local, std::move(c));
+    case MsgKind::fin:
+      rendezvous_.on_fin(p);
       return;
-    }
   }
-}
-
-void DeviceImpl::on_notification(const net::Event& e) {
-  Completion c;
-  c.op = OpKind::remote_put;
-  // With 8 bytes of remote data the writer's rank travels in the data (some providers, e.g.
-  // rxm, give no source address for RMA completions); with 4 bytes the transport names it.
-  c.rank = e.rank >= 0 ? e.rank : static_cast<int>(e.data >> 32);
-  c.tag = static_cast<Tag>(e.data & 0xFFFF);
-  c.size = e.length;
-  runtime_.deliver(static_cast<std::uint16_t>((e.data >> 16) & 0xFFFF), std::move(c));
 }
 
 // ---- RMA ------------------------------------------------------------------------------------
@@ -1083,140 +414,6 @@ void check_remote(const char* call, int rank, int device, const RemoteKey& key, 
 }
 
 }  // namespace
-
-static bool issue_rma(DeviceImpl& dev, RmaOp* op) {
-  net::Transport* t = op->link->transport;
-  const std::size_t n = op->chunks.size();
-  while (op->issued < n) {
-    const bool last = op->issued == n - 1;
-    // A notifying put writes its last chunk with data only once every other chunk completed.
-    if (last && op->notify && op->completed < n - 1) return false;
-    Chunk& c = op->chunks[op->issued];
-    if (!dev.take_credit()) return false;
-    int rc;
-    if (op->op == OpKind::get) {
-      rc = t->get(op->rank, c.local, c.size, c.desc, c.remote_addr, c.key, &c.ctx);
-    } else if (last && op->notify) {
-      rc = t->put_data(op->rank, c.local, c.size, c.desc, op->notify_data, c.remote_addr, c.key, &c.ctx);
-    } else {
-      rc = t->put(op->rank, c.local, c.size, c.desc, c.remote_addr, c.key, &c.ctx);
-    }
-    if (rc == -EAGAIN) {
-      dev.return_credit();
-      return false;
-    }
-    if (rc != 0) {
-      dev.return_credit();
-      op->error = rc;
-      ++op->completed;
-    }
-    ++op->issued;
-  }
-  return true;
-}
-
-static void finish_rma_op(DeviceImpl& dev, RmaOp* op) {
-  release_registration(op->link->transport, op->registration);
-  Completion c;
-  c.op = op->op;
-  c.rank = op->rank;
-  c.size = op->size;
-  c.context = op->context;
-  c.error = op->error;
-  CompletionObject* local = op->local;
-  delete op;
-  dev.open_ops().fetch_sub(1, std::memory_order_relaxed);
-  signal_local(local, std::move(c));
-}
-
-namespace {
-
-struct RmaRequest {
-  OpKind op;
-  int rank;
-  unsigned char* local;
-  std::size_t size;
-  const RemoteKey& remote;
-  std::size_t offset;
-  CompletionObject* local_comp;
-  void* context;
-  bool notify;
-  std::uint64_t notify_data;
-};
-
-[[noreturn, gnu::cold, gnu::noinline]] void throw_rma(const Link& l, const char* call, int rc, int rank) {
-  throw Error(net::error_text(call, rc) + " to rank " + std::to_string(rank) + " over " + l.caps->name);
-}
-
-}  // namespace
-
-static Status post_rma(DeviceImpl& dev, const RmaRequest& r) {
-  Link& l = dev.link(r.rank);
-  const net::Caps& caps = *l.caps;
-  net::Transport* t = l.transport;
-  const std::uint64_t addr = (caps.rma_virtual_address ? r.remote.base : 0) + r.offset;
-  const net::Access access = r.op == OpKind::get ? net::Access::recv : net::Access::send;
-  // Tiny puts need no context and no completion.
-  if (r.op == OpKind::put && !r.notify && r.size <= caps.inject_size) {
-    const int rc = t->inject_put(r.rank, r.local, r.size, addr, r.remote.key);
-    if (rc == 0) return Status::make_done();
-    if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
-    throw_rma(l, "inject_put", rc, r.rank);
-  }
-  if (r.size <= caps.max_rma_size) {
-    // One transfer: its state rides in a packet, so nothing is allocated.
-    Packet* p = dev.pool().get();
-    if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
-    net::Registration* mr = nullptr;
-    if (caps.local_registration && r.size != 0) mr = t->register_memory(r.local, r.size, access);
-    if (!dev.take_credit()) {
-      release_registration(t, mr);
-      dev.pool().put(p);
-      return Status::make_retry(RetryReason::send_queue);
-    }
-    p->rma = RmaSingle{r.op, r.rank, r.size, r.local_comp, r.context, mr};
-    p->ctx.set_kind(CtxKind::rma_single);  // release: after every field the completion reads
-    void* desc = mr != nullptr ? mr->desc() : nullptr;
-    int rc;
-    if (r.op == OpKind::get) {
-      rc = t->get(r.rank, r.local, r.size, desc, addr, r.remote.key, &p->ctx);
-    } else if (r.notify) {
-      rc = t->put_data(r.rank, r.local, r.size, desc, r.notify_data, addr, r.remote.key, &p->ctx);
-    } else {
-      rc = t->put(r.rank, r.local, r.size, desc, addr, r.remote.key, &p->ctx);
-    }
-    if (rc == 0) return Status::make_posted();
-    dev.return_credit();
-    release_registration(t, mr);
-    dev.pool().put(p);
-    if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
-    throw_rma(l, r.op == OpKind::get ? "get" : "put", rc, r.rank);
-  }
-  // Larger than one transfer: chunks, issued by progress.
-  auto* op = new RmaOp{};
-  op->op = r.op;
-  op->rank = r.rank;
-  op->size = r.size;
-  op->local = r.local_comp;
-  op->context = r.context;
-  op->notify = r.notify;
-  op->notify_data = r.notify_data;
-  op->link = &l;
-  try {
-    if (caps.local_registration) op->registration = t->register_memory(r.local, r.size, access);
-  } catch (...) {
-    delete op;
-    throw;
-  }
-  add_chunks(op->chunks, op, CtxKind::rma_chunk, r.local, op->registration != nullptr ? op->registration->desc() : nullptr,
-             r.size, addr, r.remote.key, caps.max_rma_size);
-  dev.open_ops().fetch_add(1, std::memory_order_relaxed);
-  dev.defer([&dev, op] {
-    issue_rma(dev, op);
-    return op->issued == op->chunks.size();
-  });
-  return Status::make_posted();
-}
 
 // Checks a put's notification and returns its remote CQ data (0 without notification).
 std::uint64_t DeviceImpl::notify_data(const PutArgs& a) const {
@@ -1247,14 +444,14 @@ void DeviceImpl::check_iovec_fits(const AmIovecArgs& a) const {
 
 Status DeviceImpl::post_put(const PutArgs& a) {
   const std::uint64_t data = check(a);
-  return post_rma(*this, RmaRequest{OpKind::put, a.rank, static_cast<unsigned char*>(const_cast<void*>(a.buffer)), a.size,
+  return rma_.post(RmaRequest{OpKind::put, a.rank, static_cast<unsigned char*>(const_cast<void*>(a.buffer)), a.size,
                                     a.remote, a.offset, a.local, a.context, a.notify, data});
 }
 
 Status DeviceImpl::post_get(const GetArgs& a) {
   check(a);
   if (a.size == 0) return Status::make_done();
-  return post_rma(*this, RmaRequest{OpKind::get, a.rank, static_cast<unsigned char*>(a.buffer), a.size, a.remote, a.offset,
+  return rma_.post(RmaRequest{OpKind::get, a.rank, static_cast<unsigned char*>(a.buffer), a.size, a.remote, a.offset,
                                     a.local, a.context, false, 0});
 }
 
@@ -1299,7 +496,7 @@ void DeviceImpl::repost(Link& l) {
 // finishes in one place, with the error (if any) carried to whoever waits for it.
 void DeviceImpl::on_event(Link& l, const net::Event& e) {
   if (e.remote_write) {
-    if (e.error == 0) on_notification(e);
+    if (e.error == 0) rma_.on_notification(e);
     // Only where a remote write uses up a posted receive does it carry that receive's packet.
     if (e.context != nullptr) {
       --l.posted_recvs;
@@ -1334,43 +531,15 @@ void DeviceImpl::on_event(Link& l, const net::Event& e) {
       pool_->put(p);
       return;
     }
-    case CtxKind::rma_single: {
-      auto* p = reinterpret_cast<Packet*>(ctx);
-      const RmaSingle op = p->rma;
-      return_credit();
-      release_registration(l.transport, op.mr);
-      Completion c;
-      c.op = op.op;
-      c.rank = op.rank;
-      c.size = op.size;
-      c.context = op.context;
-      c.error = err;
-      pool_->put(p);
-      signal_local(op.local, std::move(c));
+    case CtxKind::rma_single:
+      rma_.on_single(reinterpret_cast<Packet*>(ctx), l.transport, err);
       return;
-    }
-    case CtxKind::rma_chunk: {
-      auto* op = static_cast<RmaOp*>(reinterpret_cast<Chunk*>(ctx)->owner);
-      return_credit();
-      if (err != 0) op->error = err;
-      if (++op->completed == op->chunks.size()) {
-        finish_rma_op(*this, op);
-      } else if (err == 0 && op->notify && op->issued < op->chunks.size()) {
-        issue_rma(*this, op);  // the notifying chunk may be due now
-      }
+    case CtxKind::rma_chunk:
+      rma_.on_chunk(reinterpret_cast<Chunk*>(ctx), err);
       return;
-    }
-    case CtxKind::rdv_read: {
-      auto* op = static_cast<RecvOp*>(reinterpret_cast<Chunk*>(ctx)->owner);
-      return_credit();
-      if (err != 0) {
-        op->error = err;
-        FERRY_LOG_AT(error, runtime_.rank(), index_, "rendezvous read from rank %d failed: %s", op->rank,
-                     net::error_text("get", err).c_str());
-      }
-      if (++op->completed == op->chunks.size() && op->issued == op->chunks.size()) finish_recv_op(*this, op);
+    case CtxKind::rdv_read:
+      rendezvous_.on_read(reinterpret_cast<Chunk*>(ctx), err);
       return;
-    }
   }
 }
 
@@ -1394,7 +563,7 @@ bool DeviceImpl::progress() {
   }
   run_deferred();
   // Relaxed: a stale zero only leaves the backlog to the next post or progress call.
-  if (backlog_count_.load(std::memory_order_relaxed) != 0) flush_backlog();
+  if (fragments_.backlog() != 0) fragments_.flush();
   // Reposting costs one transport call per buffer. A poll that found work leaves it to the
   // next idle poll, so a reply is not held up by buffer bookkeeping (in a ping-pong the refill
   // runs while the peer computes its answer); at or below half the target it refills at once,
@@ -1405,10 +574,6 @@ bool DeviceImpl::progress() {
   return any;
 }
 
-std::size_t DeviceImpl::in_flight() const noexcept {
-  return open_ops_.load(std::memory_order_relaxed) +
-         (credits_max_ - static_cast<std::size_t>(credits_.load(std::memory_order_relaxed))) +
-         deferred_count_.load(std::memory_order_relaxed) + backlog_count_.load(std::memory_order_relaxed);
-}
+std::size_t DeviceImpl::in_flight() const noexcept { return context_in_flight() + fragments_.backlog(); }
 
 }  // namespace ferry::detail

@@ -1,0 +1,149 @@
+#include "core/device_context.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <limits>
+
+#include "core/runtime_impl.hpp"
+#include "ferry/error.hpp"
+
+namespace ferry::detail {
+
+namespace {
+// Below this inject size fragments would be too small to beat one transport send.
+constexpr std::size_t kMinFragmentInject = 1024;
+}  // namespace
+
+void add_chunks(std::vector<Chunk>& out, void* owner, CtxKind kind, unsigned char* local, void* desc,
+                std::size_t size, std::uint64_t addr, std::uint64_t key, std::size_t max) {
+  for (std::size_t off = 0; off < size; off += max) {
+    Chunk c{};
+    c.ctx.set_kind(kind);
+    c.owner = owner;
+    c.local = local + off;
+    c.desc = desc;
+    c.size = size - off < max ? size - off : max;
+    c.remote_addr = addr + off;
+    c.key = key;
+    out.push_back(c);
+  }
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] void throw_transport(const Link& link, const char* call, int rc, int rank) {
+  throw Error(net::error_text(call, rc) + " to rank " + std::to_string(rank) + " over " + link.caps->name);
+}
+
+DeviceContext::DeviceContext(RuntimeImpl& runtime, int index, const Config& config,
+                             std::vector<std::unique_ptr<net::Transport>> transports, const std::vector<int>& route)
+    : runtime_(runtime),
+      index_(index),
+      rank_(runtime.rank()),
+      config_(config),
+      pool_(std::make_unique<PacketPool>(config.packets, config.packet_size)),
+      transports_(std::move(transports)),
+      eager_limit_(config.packet_size - kHeader) {
+  if (config.rdv_threshold != 0 && config.rdv_threshold < eager_limit_) eager_limit_ = config.rdv_threshold;
+  std::size_t send_queue = 0;
+  for (const auto& t : transports_) {
+    const net::Caps& caps = t->caps();
+    if (eager_limit_ > caps.max_msg_size - kHeader) eager_limit_ = caps.max_msg_size - kHeader;
+    if (caps.send_queue != 0) send_queue = send_queue == 0 ? caps.send_queue : std::min(send_queue, caps.send_queue);
+  }
+  credits_max_ = config.send_credits != 0 ? config.send_credits : (send_queue != 0 ? send_queue : 256);
+  credits_.store(static_cast<std::int64_t>(credits_max_), std::memory_order_relaxed);
+  // Fragments carry messages up to FERRY_FRAGMENT_MAX (or the packet's eager limit, if larger),
+  // never past an explicit rendezvous threshold; 32-bit offsets on the wire.
+  std::size_t limit = std::max(eager_limit_, config.fragment_max);
+  if (config.rdv_threshold != 0) limit = std::min(limit, config.rdv_threshold);
+  limit = std::min<std::size_t>(limit, std::numeric_limits<std::uint32_t>::max());
+  links_.reserve(transports_.size());
+  for (const auto& t : transports_) {
+    const net::Caps& caps = t->caps();
+    Link l{t.get(), &caps, nullptr, nullptr, 0, 0, 0};
+    if (config.fragment == FragmentMode::automatic && caps.inject_size >= kMinFragmentInject &&
+        kHeader + limit > caps.inject_size) {
+      l.fragment_payload = std::min(caps.inject_size, kMaxFragmentFrame) - kFragmentHeader;
+      l.fragment_limit = limit;
+      fragment_limit_ = std::max(fragment_limit_, limit);
+    }
+    // The packet slab is registered once per transport; the desc matters only under local_registration.
+    l.pool_registration = t->register_memory(pool_->slab(), pool_->slab_bytes(), net::Access::send | net::Access::recv);
+    l.pool_desc = caps.local_registration ? l.pool_registration->desc() : nullptr;
+    links_.push_back(l);
+  }
+  route_.resize(route.size(), nullptr);
+  for (std::size_t r = 0; r < route.size(); ++r) route_[r] = &links_[static_cast<std::size_t>(route[r])];
+}
+
+DeviceContext::~DeviceContext() {
+  for (Link& l : links_) l.transport->deregister(l.pool_registration);
+  // transports_ close in their destructors before pool_ frees the slab (declaration order).
+}
+
+bool DeviceContext::take_credit() noexcept {
+  if (credits_.fetch_sub(1, std::memory_order_relaxed) > 0) return true;
+  credits_.fetch_add(1, std::memory_order_relaxed);
+  return false;
+}
+
+void DeviceContext::return_credit() noexcept { credits_.fetch_add(1, std::memory_order_relaxed); }
+
+void DeviceContext::defer(std::function<bool()> step) {
+  std::lock_guard<std::mutex> guard(deferred_mutex_);
+  deferred_.push_back(std::move(step));
+  deferred_count_.store(deferred_.size(), std::memory_order_relaxed);
+}
+
+void DeviceContext::run_deferred() {
+  // Relaxed: a stale zero only postpones the work to the next progress call.
+  if (deferred_count_.load(std::memory_order_relaxed) == 0) return;
+  std::vector<std::function<bool()>> work;
+  {
+    std::unique_lock<std::mutex> guard(deferred_mutex_, std::try_to_lock);
+    if (!guard.owns_lock()) return;
+    work.swap(deferred_);
+    deferred_count_.store(0, std::memory_order_relaxed);
+  }
+  std::vector<std::function<bool()>> again;
+  for (auto& step : work) {
+    if (!step()) again.push_back(std::move(step));
+  }
+  if (!again.empty()) {
+    std::lock_guard<std::mutex> guard(deferred_mutex_);
+    for (auto& step : again) deferred_.push_back(std::move(step));
+    deferred_count_.store(deferred_.size(), std::memory_order_relaxed);
+  }
+}
+
+Status DeviceContext::send_packet(Packet* p, int rank, std::size_t length) {
+  Link& l = link(rank);
+  if (length <= l.caps->inject_size) {
+    const int rc = l.transport->inject(rank, p->data(), length);
+    pool_->put(p);
+    if (rc == 0) return Status::make_done();
+    if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+    throw_transport(l, "inject", rc, rank);
+  }
+  if (!take_credit()) {
+    pool_->put(p);
+    return Status::make_retry(RetryReason::send_queue);
+  }
+  p->send.rank = rank;
+  p->ctx.set_kind(CtxKind::send_packet);  // release: after every field the completion reads
+  const int rc = l.transport->send(rank, p->data(), length, l.pool_desc, &p->ctx);
+  if (rc == 0) return Status::make_done();
+  return_credit();
+  pool_->put(p);
+  if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+  throw_transport(l, "send", rc, rank);
+}
+
+void DeviceContext::deliver(std::uint16_t target, Completion&& c) noexcept { runtime_.deliver(target, std::move(c)); }
+
+std::size_t DeviceContext::context_in_flight() const noexcept {
+  return open_ops_.load(std::memory_order_relaxed) +
+         (credits_max_ - static_cast<std::size_t>(credits_.load(std::memory_order_relaxed))) +
+         deferred_count_.load(std::memory_order_relaxed);
+}
+
+}  // namespace ferry::detail

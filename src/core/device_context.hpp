@@ -1,0 +1,146 @@
+// device_context.hpp — what every protocol of a device shares, and nothing more.
+//
+// A device (device.hpp) is its transports plus four protocols, each in a file of its own that
+// owns its state: eager sends (protocols/eager), fragments and their backlog
+// (protocols/fragments), rendezvous (protocols/rendezvous) and RMA (protocols/rma). The
+// protocols depend on this context, never on each other or on the device: it holds the packet
+// pool, the links and the route to each rank, the send credits, the count of open operations,
+// the deferred list, and the one way to put a control packet on the wire.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/cache_line.hpp"
+#include "core/config.hpp"
+#include "core/packet_pool.hpp"
+#include "core/wire.hpp"
+#include "ferry/completion.hpp"
+#include "ferry/status.hpp"
+#include "net/transport.hpp"
+
+namespace ferry::detail {
+
+class RuntimeImpl;
+
+inline constexpr std::size_t kHeader = sizeof(WireHeader);
+inline constexpr std::size_t kFragmentHeader = kHeader + sizeof(FragBody);
+// A fragment is built on the stack: at most this many bytes, whatever the inject size.
+inline constexpr std::size_t kMaxFragmentFrame = 4096;
+
+// The device's record of one transport.
+struct Link {
+  net::Transport* transport;
+  const net::Caps* caps;
+  net::Registration* pool_registration;  // the packet slab
+  void* pool_desc;                       // its desc() under local_registration, else null
+  std::size_t fragment_payload;          // payload bytes per fragment; 0 when not fragmenting
+  std::size_t fragment_limit;            // messages past the inject size and up to this are fragmented
+  std::size_t posted_recvs;              // owned by the poll lock holder
+  // Whether a message of `size` payload bytes goes as fragments over this link.
+  bool fragmented(std::size_t size) const noexcept {
+    return size <= fragment_limit && kHeader + size > caps->inject_size;
+  }
+};
+
+// One RMA transfer of at most max_rma_size bytes (a rendezvous read or a chunk of a put/get).
+struct Chunk {
+  OpContext ctx;  // first: the transport's context
+  void* owner;    // the operation record the chunk belongs to
+  unsigned char* local;
+  void* desc;  // the registration desc() of `local` under local_registration, or null
+  std::size_t size;
+  std::uint64_t remote_addr;
+  std::uint64_t key;
+};
+static_assert(offsetof(Chunk, ctx) == 0);
+
+// Splits [local, local+size) at (addr, key) into chunks of at most `max` bytes.
+void add_chunks(std::vector<Chunk>& out, void* owner, CtxKind kind, unsigned char* local, void* desc,
+                std::size_t size, std::uint64_t addr, std::uint64_t key, std::size_t max);
+
+inline void signal_local(CompletionObject* local, Completion&& c) noexcept {
+  if (local != nullptr) local->signal(std::move(c));
+}
+
+// Deregisters a temporary registration; null is fine.
+inline void release_registration(net::Transport* t, net::Registration* r) noexcept {
+  if (r != nullptr) t->deregister(r);
+}
+
+inline Packet* fill_header(Packet* p, MsgKind kind, std::uint16_t target, int src, Tag tag, std::uint32_t aux = 0) {
+  encode(p->data(), WireHeader{kind, 0, target, src, tag, aux});
+  return p;
+}
+
+[[noreturn]] void throw_transport(const Link& link, const char* call, int rc, int rank);
+
+class alignas(cache_line) DeviceContext {
+ public:
+  DeviceContext(RuntimeImpl& runtime, int index, const Config& config,
+                std::vector<std::unique_ptr<net::Transport>> transports, const std::vector<int>& route);
+  ~DeviceContext();
+  DeviceContext(const DeviceContext&) = delete;
+  DeviceContext& operator=(const DeviceContext&) = delete;
+
+  RuntimeImpl& runtime() noexcept { return runtime_; }
+  int index() const noexcept { return index_; }
+  int rank() const noexcept { return rank_; }
+  const Config& config() const noexcept { return config_; }
+  PacketPool& pool() noexcept { return *pool_; }
+  // The link that reaches `rank` (a checked rank: callers validate it first).
+  Link& link(int rank) noexcept { return *route_[static_cast<std::size_t>(rank)]; }
+  std::size_t link_count() const noexcept { return links_.size(); }
+  // Payload bytes that go in one packet (smaller with FERRY_RDV_THRESHOLD or a small transport).
+  std::size_t packet_eager_limit() const noexcept { return eager_limit_; }
+  // The largest fragmented message over any link (0 when no link fragments).
+  std::size_t fragment_limit() const noexcept { return fragment_limit_; }
+
+  bool take_credit() noexcept;
+  void return_credit() noexcept;
+  // Rendezvous and RMA records not yet finished (teardown waits for zero).
+  void open_op() noexcept { open_ops_.fetch_add(1, std::memory_order_relaxed); }
+  void close_op() noexcept { open_ops_.fetch_sub(1, std::memory_order_relaxed); }
+  // A step of a large-message operation for progress to run; it returns false to be run again.
+  void defer(std::function<bool()> step);
+  // Sends p's first `length` payload bytes to `rank`; consumes the packet on every path.
+  Status send_packet(Packet* p, int rank, std::size_t length);
+  // A remote-target completion (an active message or a notification) for the runtime.
+  void deliver(std::uint16_t target, Completion&& c) noexcept;
+
+ protected:
+  // Runs the deferred steps (progress, under the poll lock).
+  void run_deferred();
+  // Teardown: operations of the context not yet complete (open records, sends awaiting their
+  // completion, deferred steps).
+  std::size_t context_in_flight() const noexcept;
+
+  RuntimeImpl& runtime_;
+  const int index_;
+  const int rank_;
+  const Config& config_;
+  std::unique_ptr<PacketPool> pool_;
+  std::vector<std::unique_ptr<net::Transport>> transports_;
+  std::vector<Link> links_;   // one per transport; fixed after construction
+  std::vector<Link*> route_;  // by rank
+  std::size_t eager_limit_ = 0;
+  std::size_t fragment_limit_ = 0;
+  std::size_t credits_max_ = 0;
+
+ private:
+  // Free send credits. Relaxed: a credit is a count, it guards no other memory.
+  alignas(cache_line) std::atomic<std::int64_t> credits_{0};
+  // Relaxed: a count.
+  std::atomic<std::size_t> open_ops_{0};
+  std::mutex deferred_mutex_;  // large-message path only; progress takes it with try_lock
+  std::vector<std::function<bool()>> deferred_;
+  std::atomic<std::size_t> deferred_count_{0};
+};
+
+}  // namespace ferry::detail

@@ -1,0 +1,37 @@
+// eager.hpp — the small-message protocol: header and payload in one transport message.
+//
+// A message whose header and payload the transport injects (copies at once), up to the stack
+// frame's size, is assembled on the stack and injected: no packet, no completion. A larger one
+// goes through a pool packet and the transport's send (or inject), whose completion returns
+// the packet. Either way the post completes at once. No allocation, no blocking lock.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+
+#include "core/device_context.hpp"
+
+namespace ferry::detail {
+
+// Messages up to this size (header included) that the transport injects are built on the
+// stack instead of in a packet.
+inline constexpr std::size_t kStackInject = 256;
+
+// Injects [header][buffer] from a stack frame; kHeader + size <= kStackInject and the link's inject size.
+Status inject_small(DeviceContext& dc, Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank,
+                    const void* buffer, std::size_t size);
+
+// Sends an eager am or msg of `size` <= dc.packet_eager_limit() payload bytes to `rank` over `l`.
+inline Status post_eager(DeviceContext& dc, Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank,
+                         const void* buffer, std::size_t size) {
+  if (kHeader + size <= kStackInject && kHeader + size <= l.caps->inject_size) {
+    return inject_small(dc, l, kind, target, tag, rank, buffer, size);
+  }
+  Packet* p = dc.pool().get();
+  if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
+  fill_header(p, kind, target, dc.rank(), tag);
+  if (size != 0) std::memcpy(p->data() + kHeader, buffer, size);
+  return dc.send_packet(p, rank, kHeader + size);
+}
+
+}  // namespace ferry::detail

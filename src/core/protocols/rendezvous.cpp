@@ -1,0 +1,334 @@
+#include "core/protocols/rendezvous.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "common/log.hpp"
+#include "core/recv_blocks.hpp"
+#include "ferry/error.hpp"
+
+namespace ferry::detail {
+
+namespace {
+
+// The eager part of an iovec active message stays in its RTS packet.
+void release_rts_payload(void* pool, void* payload) noexcept {
+  static_cast<PacketPool*>(pool)->put(
+      Packet::from_data(static_cast<unsigned char*>(payload) - kHeader - sizeof(RtsBody)));
+}
+
+std::string str(std::size_t v) { return std::to_string(v); }
+
+}  // namespace
+
+// The sender's side of a rendezvous: lives until the receiver's FIN. Its fields are written
+// before the RTS leaves and read when the FIN comes back, possibly on another thread; the peer
+// orders the two, invisibly to tools, so `ready` carries the handoff (release before the RTS,
+// acquire on the FIN).
+struct SendOp {
+  std::atomic<bool> ready{false};
+  OpKind op;
+  int rank;
+  Tag tag;
+  std::size_t size;
+  CompletionObject* local;
+  void* context;
+  net::Transport* transport;  // the one the RTS went over; it holds the registrations
+  std::vector<net::Registration*> registrations;
+};
+
+// The receiver's side of a rendezvous: reads every part, then delivers and sends FIN.
+struct RecvOp {
+  enum class Goal : std::uint8_t { user_recv, am, iovec } goal;
+  int rank;
+  Tag tag;
+  std::uint16_t target;
+  std::uint64_t send_op;
+  std::size_t size;  // bytes delivered (user_recv: after truncation)
+  int error = 0;
+  CompletionObject* local = nullptr;  // user_recv
+  void* context = nullptr;
+  Buffer eager;               // iovec: the eager part
+  std::vector<Buffer> parts;  // am: [0] is the whole message; iovec: each zero-copy part
+  Link* link = nullptr;       // the sender's link
+  std::vector<net::Registration*> registrations;  // of the destinations, under local_registration
+  std::vector<Chunk> chunks;
+  std::size_t issued = 0;
+  std::size_t completed = 0;
+};
+
+// Registers the sender's buffer and sends an RTS; the receiver reads and answers with FIN.
+Status Rendezvous::post(OpKind op, int rank, Tag tag, std::uint16_t target, const void* buffer, std::size_t size,
+                        CompletionObject* local, void* context) {
+  Packet* p = dc_.pool().get();
+  if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
+  auto* send = new SendOp{};
+  send->op = op;
+  send->rank = rank;
+  send->tag = tag;
+  send->size = size;
+  send->local = local;
+  send->context = context;
+  Link& l = dc_.link(rank);
+  send->transport = l.transport;
+  try {
+    send->registrations.push_back(l.transport->register_memory(buffer, size, net::Access::remote_read | net::Access::send));
+  } catch (...) {
+    dc_.pool().put(p);
+    delete send;
+    throw;
+  }
+  net::Registration* mr = send->registrations[0];
+  fill_header(p, op == OpKind::am ? MsgKind::rts_am : MsgKind::rts_msg, target, dc_.rank(), tag);
+  encode(p->data() + kHeader,
+         RtsBody{size, l.caps->rma_virtual_address ? reinterpret_cast<std::uint64_t>(buffer) : 0, mr->key(),
+                 reinterpret_cast<std::uint64_t>(send)});
+  dc_.open_op();
+  send->ready.store(true, std::memory_order_release);
+  const Status s = dc_.send_packet(p, rank, kHeader + sizeof(RtsBody));
+  if (s.is_retry()) {
+    dc_.close_op();
+    l.transport->deregister(mr);
+    delete send;
+    return s;
+  }
+  return Status::make_posted();
+}
+
+Status Rendezvous::post_iovec(const AmIovecArgs& a, std::size_t total) {
+  const std::size_t need = kHeader + sizeof(RtsBody) + a.eager.size + a.parts.size() * sizeof(RtsPart);
+  Packet* p = dc_.pool().get();
+  if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
+  auto* send = new SendOp{};
+  send->op = OpKind::am;
+  send->rank = a.rank;
+  send->tag = a.tag;
+  send->size = a.eager.size + total;
+  send->local = a.local;
+  send->context = a.context;
+  Link& l = dc_.link(a.rank);
+  send->transport = l.transport;
+  unsigned char* at = p->data() + kHeader + sizeof(RtsBody);
+  if (a.eager.size != 0) std::memcpy(at, a.eager.buffer, a.eager.size);
+  at += a.eager.size;
+  try {
+    for (const IoPart& part : a.parts) {
+      std::uint64_t key = 0;
+      if (part.size != 0) {
+        send->registrations.push_back(
+            l.transport->register_memory(part.buffer, part.size, net::Access::remote_read | net::Access::send));
+        key = send->registrations.back()->key();
+      }
+      encode(at, RtsPart{part.size, l.caps->rma_virtual_address ? reinterpret_cast<std::uint64_t>(part.buffer) : 0, key});
+      at += sizeof(RtsPart);
+    }
+  } catch (...) {
+    for (net::Registration* r : send->registrations) l.transport->deregister(r);
+    delete send;
+    dc_.pool().put(p);
+    throw;
+  }
+  fill_header(p, MsgKind::rts_iovec, a.target.id, dc_.rank(), a.tag, static_cast<std::uint32_t>(a.parts.size()));
+  encode(p->data() + kHeader, RtsBody{a.eager.size, 0, 0, reinterpret_cast<std::uint64_t>(send)});
+  dc_.open_op();
+  send->ready.store(true, std::memory_order_release);
+  const Status s = dc_.send_packet(p, a.rank, need);
+  if (s.is_retry()) {
+    dc_.close_op();
+    for (net::Registration* r : send->registrations) l.transport->deregister(r);
+    delete send;
+    return s;
+  }
+  return Status::make_posted();
+}
+
+// Issues a RecvOp's reads as credits allow; true when all are issued.
+bool Rendezvous::issue_reads(RecvOp* op) {
+  net::Transport* t = op->link->transport;
+  while (op->issued < op->chunks.size()) {
+    Chunk& c = op->chunks[op->issued];
+    if (!dc_.take_credit()) return false;
+    const int rc = t->get(op->rank, c.local, c.size, c.desc, c.remote_addr, c.key, &c.ctx);
+    if (rc == -EAGAIN) {
+      dc_.return_credit();
+      return false;
+    }
+    if (rc != 0) {
+      dc_.return_credit();
+      FERRY_LOG_AT(error, dc_.rank(), dc_.index(), "%s reading %zu bytes from rank %d",
+                   net::error_text("get", rc).c_str(), c.size, op->rank);
+      op->error = rc;
+      ++op->completed;  // treat as finished-with-error so the op can complete
+    }
+    ++op->issued;
+  }
+  return true;
+}
+
+// Sends a FIN; false when it must be tried again later.
+bool Rendezvous::send_fin(int rank, std::uint64_t send_op) {
+  Packet* p = dc_.pool().get();
+  if (p == nullptr) return false;
+  encode(p->data(), WireHeader{MsgKind::fin, 0, 0, dc_.rank(), 0, 0});
+  encode(p->data() + kHeader, FinBody{send_op});
+  try {
+    return !dc_.send_packet(p, rank, kHeader + sizeof(FinBody)).is_retry();
+  } catch (const std::exception& e) {
+    FERRY_LOG_AT(error, dc_.rank(), dc_.index(), "cannot send a rendezvous FIN to rank %d: %s", rank, e.what());
+    return true;
+  }
+}
+
+// Finishes a RecvOp whose reads are all complete: deliver, FIN, free.
+void Rendezvous::finish(RecvOp* op) {
+  for (net::Registration* r : op->registrations) op->link->transport->deregister(r);
+  op->registrations.clear();
+  Completion c;
+  c.rank = op->rank;
+  c.tag = op->tag;
+  c.size = op->size;
+  c.error = op->error;
+  const int rank = op->rank;
+  const std::uint64_t send_op = op->send_op;
+  switch (op->goal) {
+    case RecvOp::Goal::user_recv:
+      c.op = OpKind::recv;
+      c.context = op->context;
+      signal_local(op->local, std::move(c));
+      break;
+    case RecvOp::Goal::am:
+      c.op = OpKind::remote_am;
+      c.buffer = std::move(op->parts[0]);
+      dc_.deliver(op->target, std::move(c));
+      break;
+    case RecvOp::Goal::iovec:
+      c.op = OpKind::remote_am;
+      c.buffer = std::move(op->eager);
+      c.parts = std::move(op->parts);
+      dc_.deliver(op->target, std::move(c));
+      break;
+  }
+  delete op;
+  dc_.close_op();
+  if (!send_fin(rank, send_op)) {
+    dc_.defer([this, rank, send_op] { return send_fin(rank, send_op); });
+  }
+}
+
+// Starts reading the message an RTS announces. `recv` is the matched user receive (rts_msg)
+// or null (rts_am, rts_iovec). Consumes the RTS packet. Called by progress or by post_recv.
+void Rendezvous::start_recv(Packet* rts, const RecvDescriptor* recv) {
+  const auto h = decode<WireHeader>(rts->data());
+  const auto body = decode<RtsBody>(rts->data() + kHeader);
+  auto* op = new RecvOp{};
+  op->rank = h.src;
+  op->tag = h.tag;
+  op->target = h.target;
+  op->send_op = body.send_op;
+  Link& l = dc_.link(h.src);
+  op->link = &l;
+  const std::size_t max = l.caps->max_rma_size;
+  // Under local_registration each destination needs its own registration and descriptor.
+  auto reg_local = [&](void* dst, std::size_t n) -> void* {
+    if (!l.caps->local_registration || n == 0) return nullptr;
+    op->registrations.push_back(l.transport->register_memory(dst, n, net::Access::recv));
+    return op->registrations.back()->desc();
+  };
+  try {
+    switch (h.kind) {
+      case MsgKind::rts_msg: {
+        op->goal = RecvOp::Goal::user_recv;
+        op->local = recv->local;
+        op->context = recv->context;
+        op->size = body.size <= recv->size ? body.size : recv->size;
+        if (body.size > recv->size) op->error = -EMSGSIZE;
+        void* desc = reg_local(recv->buffer, op->size);
+        add_chunks(op->chunks, op, CtxKind::rdv_read, static_cast<unsigned char*>(recv->buffer), desc, op->size,
+                   body.addr, body.key, max);
+        break;
+      }
+      case MsgKind::rts_am: {
+        op->goal = RecvOp::Goal::am;
+        op->size = body.size;
+        void* dst = recv_blocks::take(body.size);
+        if (dst == nullptr) throw Error("rendezvous: cannot allocate " + str(body.size) + " bytes for an active message");
+        op->parts.emplace_back(dst, body.size, &recv_blocks::release, nullptr);
+        void* desc = reg_local(dst, body.size);
+        add_chunks(op->chunks, op, CtxKind::rdv_read, static_cast<unsigned char*>(dst), desc, body.size, body.addr,
+                   body.key, max);
+        break;
+      }
+      case MsgKind::rts_iovec: {
+        op->goal = RecvOp::Goal::iovec;
+        const unsigned char* at = rts->data() + kHeader + sizeof(RtsBody);
+        const std::size_t eager = body.size;
+        op->size = eager;
+        const unsigned char* table = at + eager;
+        for (std::uint32_t i = 0; i < h.aux; ++i) {
+          const auto part = decode<RtsPart>(table + i * sizeof(RtsPart));
+          void* dst = part.size != 0 ? recv_blocks::take(part.size) : nullptr;
+          if (part.size != 0 && dst == nullptr) throw Error("rendezvous: cannot allocate " + str(part.size) + " bytes");
+          op->parts.emplace_back(dst, part.size, &recv_blocks::release, nullptr);
+          op->size += part.size;
+          void* desc = reg_local(dst, part.size);
+          add_chunks(op->chunks, op, CtxKind::rdv_read, static_cast<unsigned char*>(dst), desc, part.size, part.addr,
+                     part.key, max);
+        }
+        // The eager part stays in the RTS packet, handed over as the completion's buffer.
+        op->eager = Buffer(rts->data() + kHeader + sizeof(RtsBody), eager, &release_rts_payload, &dc_.pool());
+        rts = nullptr;
+        break;
+      }
+      default:
+        break;
+    }
+  } catch (const std::exception& e) {
+    FERRY_LOG_AT(error, dc_.rank(), dc_.index(), "cannot receive a rendezvous from rank %d: %s", h.src, e.what());
+    op->error = -ENOMEM;
+    op->chunks.clear();  // nothing to read: complete with the error (the sender still gets its FIN)
+  }
+  if (rts != nullptr) dc_.pool().put(rts);
+  dc_.open_op();
+  if (op->chunks.empty()) {
+    finish(op);
+    return;
+  }
+  dc_.defer([this, op] {
+    if (!issue_reads(op)) return false;
+    if (op->completed == op->chunks.size()) finish(op);
+    return true;
+  });
+}
+
+// The receiver read everything: the sender's buffer is free again.
+void Rendezvous::on_fin(Packet* p) {
+  const auto fin = decode<FinBody>(p->data() + kHeader);
+  dc_.pool().put(p);
+  auto* send = reinterpret_cast<SendOp*>(fin.send_op);
+  (void)send->ready.load(std::memory_order_acquire);
+  for (net::Registration* r : send->registrations) send->transport->deregister(r);
+  Completion c;
+  c.op = send->op;
+  c.rank = send->rank;
+  c.tag = send->tag;
+  c.size = send->size;
+  c.context = send->context;
+  CompletionObject* local = send->local;
+  delete send;
+  dc_.close_op();
+  signal_local(local, std::move(c));
+}
+
+void Rendezvous::on_read(Chunk* c, int error) {
+  auto* op = static_cast<RecvOp*>(c->owner);
+  dc_.return_credit();
+  if (error != 0) {
+    op->error = error;
+    FERRY_LOG_AT(error, dc_.rank(), dc_.index(), "rendezvous read from rank %d failed: %s", op->rank,
+                 net::error_text("get", error).c_str());
+  }
+  if (++op->completed == op->chunks.size() && op->issued == op->chunks.size()) finish(op);
+}
+
+}  // namespace ferry::detail

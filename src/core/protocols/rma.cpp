@@ -1,0 +1,177 @@
+#include "core/protocols/rma.hpp"
+
+#include <cerrno>
+#include <string>
+
+#include "ferry/error.hpp"
+
+namespace ferry::detail {
+
+// A put or get of more than one chunk; a notifying put writes its last chunk with data after
+// all others completed, so the target never sees the notification before the data.
+struct RmaOp {
+  OpKind op;
+  int rank;
+  std::size_t size;
+  CompletionObject* local;
+  void* context;
+  bool notify;
+  std::uint64_t notify_data;
+  int error = 0;
+  Link* link = nullptr;
+  net::Registration* registration = nullptr;  // of the local buffer, under local_registration
+  std::vector<Chunk> chunks;
+  std::size_t issued = 0;
+  std::size_t completed = 0;
+};
+
+bool Rma::issue(RmaOp* op) {
+  net::Transport* t = op->link->transport;
+  const std::size_t n = op->chunks.size();
+  while (op->issued < n) {
+    const bool last = op->issued == n - 1;
+    // A notifying put writes its last chunk with data only once every other chunk completed.
+    if (last && op->notify && op->completed < n - 1) return false;
+    Chunk& c = op->chunks[op->issued];
+    if (!dc_.take_credit()) return false;
+    int rc;
+    if (op->op == OpKind::get) {
+      rc = t->get(op->rank, c.local, c.size, c.desc, c.remote_addr, c.key, &c.ctx);
+    } else if (last && op->notify) {
+      rc = t->put_data(op->rank, c.local, c.size, c.desc, op->notify_data, c.remote_addr, c.key, &c.ctx);
+    } else {
+      rc = t->put(op->rank, c.local, c.size, c.desc, c.remote_addr, c.key, &c.ctx);
+    }
+    if (rc == -EAGAIN) {
+      dc_.return_credit();
+      return false;
+    }
+    if (rc != 0) {
+      dc_.return_credit();
+      op->error = rc;
+      ++op->completed;
+    }
+    ++op->issued;
+  }
+  return true;
+}
+
+void Rma::finish(RmaOp* op) {
+  release_registration(op->link->transport, op->registration);
+  Completion c;
+  c.op = op->op;
+  c.rank = op->rank;
+  c.size = op->size;
+  c.context = op->context;
+  c.error = op->error;
+  CompletionObject* local = op->local;
+  delete op;
+  dc_.close_op();
+  signal_local(local, std::move(c));
+}
+
+Status Rma::post(const RmaRequest& r) {
+  Link& l = dc_.link(r.rank);
+  const net::Caps& caps = *l.caps;
+  net::Transport* t = l.transport;
+  const std::uint64_t addr = (caps.rma_virtual_address ? r.remote.base : 0) + r.offset;
+  const net::Access access = r.op == OpKind::get ? net::Access::recv : net::Access::send;
+  // Tiny puts need no context and no completion.
+  if (r.op == OpKind::put && !r.notify && r.size <= caps.inject_size) {
+    const int rc = t->inject_put(r.rank, r.local, r.size, addr, r.remote.key);
+    if (rc == 0) return Status::make_done();
+    if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+    throw_transport(l, "inject_put", rc, r.rank);
+  }
+  if (r.size <= caps.max_rma_size) {
+    // One transfer: its state rides in a packet, so nothing is allocated.
+    Packet* p = dc_.pool().get();
+    if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
+    net::Registration* mr = nullptr;
+    if (caps.local_registration && r.size != 0) mr = t->register_memory(r.local, r.size, access);
+    if (!dc_.take_credit()) {
+      release_registration(t, mr);
+      dc_.pool().put(p);
+      return Status::make_retry(RetryReason::send_queue);
+    }
+    p->rma = RmaSingle{r.op, r.rank, r.size, r.local_comp, r.context, mr};
+    p->ctx.set_kind(CtxKind::rma_single);  // release: after every field the completion reads
+    void* desc = mr != nullptr ? mr->desc() : nullptr;
+    int rc;
+    if (r.op == OpKind::get) {
+      rc = t->get(r.rank, r.local, r.size, desc, addr, r.remote.key, &p->ctx);
+    } else if (r.notify) {
+      rc = t->put_data(r.rank, r.local, r.size, desc, r.notify_data, addr, r.remote.key, &p->ctx);
+    } else {
+      rc = t->put(r.rank, r.local, r.size, desc, addr, r.remote.key, &p->ctx);
+    }
+    if (rc == 0) return Status::make_posted();
+    dc_.return_credit();
+    release_registration(t, mr);
+    dc_.pool().put(p);
+    if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+    throw_transport(l, r.op == OpKind::get ? "get" : "put", rc, r.rank);
+  }
+  // Larger than one transfer: chunks, issued by progress.
+  auto* op = new RmaOp{};
+  op->op = r.op;
+  op->rank = r.rank;
+  op->size = r.size;
+  op->local = r.local_comp;
+  op->context = r.context;
+  op->notify = r.notify;
+  op->notify_data = r.notify_data;
+  op->link = &l;
+  try {
+    if (caps.local_registration) op->registration = t->register_memory(r.local, r.size, access);
+  } catch (...) {
+    delete op;
+    throw;
+  }
+  add_chunks(op->chunks, op, CtxKind::rma_chunk, r.local, op->registration != nullptr ? op->registration->desc() : nullptr,
+             r.size, addr, r.remote.key, caps.max_rma_size);
+  dc_.open_op();
+  dc_.defer([this, op] {
+    issue(op);
+    return op->issued == op->chunks.size();
+  });
+  return Status::make_posted();
+}
+
+void Rma::on_notification(const net::Event& e) {
+  Completion c;
+  c.op = OpKind::remote_put;
+  // With 8 bytes of remote data the writer's rank travels in the data (some providers, e.g.
+  // rxm, give no source address for RMA completions); with 4 bytes the transport names it.
+  c.rank = e.rank >= 0 ? e.rank : static_cast<int>(e.data >> 32);
+  c.tag = static_cast<Tag>(e.data & 0xFFFF);
+  c.size = e.length;
+  dc_.deliver(static_cast<std::uint16_t>((e.data >> 16) & 0xFFFF), std::move(c));
+}
+
+void Rma::on_single(Packet* p, net::Transport* t, int error) {
+  const RmaSingle op = p->rma;
+  dc_.return_credit();
+  release_registration(t, op.mr);
+  Completion c;
+  c.op = op.op;
+  c.rank = op.rank;
+  c.size = op.size;
+  c.context = op.context;
+  c.error = error;
+  dc_.pool().put(p);
+  signal_local(op.local, std::move(c));
+}
+
+void Rma::on_chunk(Chunk* chunk, int error) {
+  auto* op = static_cast<RmaOp*>(chunk->owner);
+  dc_.return_credit();
+  if (error != 0) op->error = error;
+  if (++op->completed == op->chunks.size()) {
+    finish(op);
+  } else if (error == 0 && op->notify && op->issued < op->chunks.size()) {
+    issue(op);  // the notifying chunk may be due now
+  }
+}
+
+}  // namespace ferry::detail
