@@ -92,7 +92,7 @@ class DeviceImpl : public DeviceContext {
   std::size_t iovec_eager_limit(std::size_t parts) const noexcept;
   // The largest message the transport that reaches `rank` copies at once (0 for a bad rank).
   std::size_t inject_size(int rank) const noexcept {
-    return rank >= 0 && static_cast<std::size_t>(rank) < route_.size() ? route_[static_cast<std::size_t>(rank)]->caps->inject_size : 0;
+    return rank >= 0 && static_cast<std::size_t>(rank) < route_.size() ? route_[static_cast<std::size_t>(rank)]->inject_size : 0;
   }
   // "shm", "ofi/tcp;ofi_rxm", or "shm+ofi/tcp;ofi_rxm" when the device uses two transports.
   std::string transport_names() const;

@@ -59,7 +59,7 @@ DeviceContext::DeviceContext(RuntimeImpl& runtime, int index, const Config& conf
   links_.reserve(transports_.size());
   for (const auto& t : transports_) {
     const net::Caps& caps = t->caps();
-    Link l{t.get(), &caps, nullptr, nullptr, 0, 0, 0};
+    Link l{t.get(), caps.inject_size, &caps, nullptr, nullptr, 0, 0, 0};
     if (config.fragment == FragmentMode::automatic && caps.inject_size >= kMinFragmentInject &&
         kHeader + limit > caps.inject_size) {
       l.fragment_payload = std::min(caps.inject_size, kMaxFragmentFrame) - kFragmentHeader;
@@ -117,7 +117,7 @@ void DeviceContext::run_deferred() {
 
 Status DeviceContext::send_packet(Packet* p, int rank, std::size_t length) {
   Link& l = link(rank);
-  if (length <= l.caps->inject_size) {
+  if (length <= l.inject_size) {
     const int rc = l.transport->inject(rank, p->data(), length);
     pool_->put(p);
     if (rc == 0) return Status::make_done();

@@ -37,6 +37,7 @@ inline constexpr std::size_t kMaxFragmentFrame = 4096;
 // The device's record of one transport.
 struct Link {
   net::Transport* transport;
+  std::size_t inject_size;  // caps->inject_size, kept here: the small path reads it on every post
   const net::Caps* caps;
   net::Registration* pool_registration;  // the packet slab
   void* pool_desc;                       // its desc() under local_registration, else null
@@ -45,7 +46,7 @@ struct Link {
   std::size_t posted_recvs;              // owned by the poll lock holder
   // Whether a message of `size` payload bytes goes as fragments over this link.
   bool fragmented(std::size_t size) const noexcept {
-    return size <= fragment_limit && kHeader + size > caps->inject_size;
+    return size <= fragment_limit && kHeader + size > inject_size;
   }
 };
 

@@ -24,7 +24,7 @@ Status inject_small(DeviceContext& dc, Link& l, MsgKind kind, std::uint16_t targ
 // Sends an eager am or msg of `size` <= dc.packet_eager_limit() payload bytes to `rank` over `l`.
 inline Status post_eager(DeviceContext& dc, Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank,
                          const void* buffer, std::size_t size) {
-  if (kHeader + size <= kStackInject && kHeader + size <= l.caps->inject_size) {
+  if (kHeader + size <= kStackInject && kHeader + size <= l.inject_size) {
     return inject_small(dc, l, kind, target, tag, rank, buffer, size);
   }
   Packet* p = dc.pool().get();
