@@ -336,6 +336,85 @@ TEST(ShmTransport, CopyModeRmaToSelf) {
   EXPECT_EQ(check(win.data(), 8, 2), 8u) << "after deregister, remote writes are refused";
 }
 
+// Copy-mode RMA posted by several threads at once while one thread polls: puts bigger than the
+// queue (finished by polls), put_data notices, and gets that share the request table.
+TEST(ShmTransport, CopyModeRmaFromManyThreads) {
+  auto t = make(0, 1, ShmCopy::copy, 8);
+  t->connect({t->address()});
+  t->connected();
+  constexpr int kThreads = 3;
+  const int ops = static_cast<int>(ferry::test::scaled(300, 40));
+  constexpr std::size_t kSlice = 3 * kPayload + 100;  // each op spans four cells; the queue holds eight
+  std::vector<unsigned char> win(kThreads * kSlice);
+  auto* reg = t->register_memory(win.data(), win.size(), Access::remote_read | Access::remote_write);
+  struct PerThread {
+    std::vector<unsigned char> src = std::vector<unsigned char>(kSlice), dst = std::vector<unsigned char>(kSlice);
+    OpContext ctx;
+    std::atomic<int> done{0};  // events seen for this thread's current op (set by the poller)
+    std::atomic<int> errors{0};
+  };
+  std::vector<PerThread> pt(kThreads);
+  std::atomic<int> notices{0};
+  std::atomic<int> finished{0};
+  ferry::test::Gate gate;
+  std::vector<std::thread> threads;
+  for (int th = 0; th < kThreads; ++th) {
+    threads.emplace_back([&, th] {
+      PerThread& me = pt[static_cast<std::size_t>(th)];
+      unsigned char* slice = win.data() + th * kSlice;
+      const auto target = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(slice));
+      gate.wait();
+      for (int i = 0; i < ops; ++i) {
+        const unsigned seed = static_cast<unsigned>(th * 100000 + i);
+        fill(me.src.data(), kSlice, seed);
+        const int before = me.done.load(std::memory_order_acquire);
+        int rc;
+        while ((rc = (i % 2 == 0) ? t->put(0, me.src.data(), kSlice, nullptr, target, 0, &me.ctx)
+                                  : t->put_data(0, me.src.data(), kSlice, nullptr, seed, target, 0, &me.ctx)) ==
+               -EAGAIN) {
+          std::this_thread::yield();
+        }
+        ASSERT_EQ(rc, 0);
+        while (me.done.load(std::memory_order_acquire) == before) std::this_thread::yield();
+        // The put's event says its data is queued; a get queued behind it reads it back.
+        while ((rc = t->get(0, me.dst.data(), kSlice, nullptr, target, 0, &me.ctx)) == -EAGAIN) {
+          std::this_thread::yield();
+        }
+        ASSERT_EQ(rc, 0);
+        while (me.done.load(std::memory_order_acquire) == before + 1) std::this_thread::yield();
+        if (check(me.dst.data(), kSlice, seed) != kSlice) me.errors.fetch_add(1, std::memory_order_relaxed);
+      }
+      finished.fetch_add(1, std::memory_order_release);
+    });
+  }
+  gate.open();
+  const bool ok = poll_until(
+      *t,
+      [&](const Event& e) {
+        if (e.remote_write) {
+          notices.fetch_add(1, std::memory_order_relaxed);
+          return;
+        }
+        for (auto& me : pt) {
+          if (e.context == &me.ctx) {
+            if (e.error != 0) me.errors.fetch_add(1, std::memory_order_relaxed);
+            me.done.fetch_add(1, std::memory_order_release);
+            return;
+          }
+        }
+        ADD_FAILURE() << "an event with an unknown context";
+      },
+      [&] { return finished.load(std::memory_order_acquire) == kThreads; }, 120);
+  for (auto& th : threads) th.join();
+  EXPECT_TRUE(ok);
+  for (int th = 0; th < kThreads; ++th) {
+    EXPECT_EQ(pt[th].errors.load(), 0) << "thread " << th;
+    EXPECT_EQ(pt[th].done.load(), 2 * ops) << "thread " << th;
+  }
+  EXPECT_EQ(notices.load(), kThreads * (ops / 2));
+  t->deregister(reg);
+}
+
 // Cells written by a broken or hostile process are skipped, and what follows still arrives.
 TEST(ShmTransport, MalformedCellsAreSkipped) {
   auto t = make(0, 1, ShmCopy::automatic, 16);
