@@ -148,7 +148,9 @@ TEST(ShmTransport, SelfMessagesEventsAndTruncation) {
   t->connect({t->address()});
   t->connected();
   EXPECT_STREQ(t->copy_mode(0), "self");
+  EXPECT_EQ(t->copy_summary(), "self");
   EXPECT_TRUE(t->peer_alive(0));
+  EXPECT_FALSE(t->peer_alive(1));
 
   std::vector<unsigned char> big(kPayload);
   fill(big.data(), big.size(), 5);
@@ -686,9 +688,12 @@ void parent_main(const Link& link, ShmCopy copy, pid_t child) {
   EXPECT_TRUE(t.peer_alive(1));
   if (copy == ShmCopy::copy) {
     EXPECT_STREQ(t.copy_mode(1), "copy");
+    EXPECT_EQ(t.copy_summary(), "copy");
   } else {
     EXPECT_STREQ(t.copy_mode(1), "cma");
+    EXPECT_EQ(t.copy_summary(), "cma");
   }
+  EXPECT_STREQ(t.copy_mode(0), copy == ShmCopy::copy ? "copy" : "self");
 
   // Rank 1's four messages, into 8 KiB, 8 KiB, 8 KiB and 8-byte receives.
   std::vector<std::vector<unsigned char>> bufs = {std::vector<unsigned char>(kPayload),

@@ -213,6 +213,18 @@ const char* ShmTransport::copy_mode(int rank) const noexcept {
   return "none";
 }
 
+std::string ShmTransport::copy_summary() const {
+  std::string cma, copy;
+  for (int r = 0; r < size_; ++r) {
+    const Mode m = peers_[static_cast<std::size_t>(r)].mode;
+    if (m == Mode::cma) cma += (cma.empty() ? "" : ",") + std::to_string(r);
+    if (m == Mode::copy) copy += (copy.empty() ? "" : ",") + std::to_string(r);
+  }
+  if (copy.empty()) return cma.empty() ? "self" : "cma";
+  if (cma.empty()) return "copy";
+  return "mixed (cma: ranks " + cma + "; copy: ranks " + copy + ")";
+}
+
 bool ShmTransport::peer_alive(int rank) const noexcept {
   if (rank < 0 || rank >= size_) return false;
   const Peer& p = peers_[static_cast<std::size_t>(rank)];
@@ -599,7 +611,8 @@ int ShmTransport::poll(Event* events, int max) {
     ev.error = d->error;
   }
   // At most one queue's worth of cells per poll, so a stream of chunks cannot hold it forever.
-  for (std::uint64_t budget = rx_.count(); n < max && budget > 0; --budget) {
+  bool waiting = false;  // a message at the head has no posted receive
+  for (std::uint64_t budget = rx_.count(); n < max && budget > 0 && !waiting; --budget) {
     CellHeader* c = rx_.peek(head_);
     if (c == nullptr) break;
     // Read each field once: the sender's process could still scribble on the cell.
@@ -612,7 +625,10 @@ int ShmTransport::poll(Event* events, int max) {
       switch (static_cast<CellKind>(kind)) {
         case CellKind::message: {
           RecvNode* r = recv_head_;
-          if (r == nullptr) return n;  // no receive posted: the message waits in its cell
+          if (r == nullptr) {  // no receive posted: the message waits in its cell
+            waiting = true;
+            continue;  // skips the release below: the cell stays at the head
+          }
           recv_head_ = r->next;
           if (recv_head_ == nullptr) recv_tail_ = nullptr;
           const std::size_t copied = len <= r->len ? len : r->len;

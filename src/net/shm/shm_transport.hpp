@@ -126,6 +126,9 @@ class ShmTransport final : public Transport {
 
   // How RMA to `rank` moves data: "self" (memcpy), "cma", "copy", or "none" (no address).
   const char* copy_mode(int rank) const noexcept;
+  // For ferry-info: "cma" or "copy" when every peer moves data that way, "self" when there
+  // are no peers, else "mixed (cma: ranks 1,2; copy: ranks 3)".
+  std::string copy_summary() const;
   // Whether rank's process still exists (kill(pid, 0)); false for ranks without an address.
   bool peer_alive(int rank) const noexcept;
   const std::string& segment_name() const noexcept { return own_.name(); }
