@@ -82,7 +82,7 @@ TEST(ShmCellQueue, FullRefusesThenAcceptsAcrossLaps) {
 
 TEST(ShmCellQueue, ConcurrentProducersExactlyOnceInOrder) {
   constexpr int kProducers = 4;
-  const std::size_t per = ferry::test::scaled(200000, 5000);
+  const std::size_t per = ferry::test::scaled(50000, 5000);
   QueueMemory m(16, 16);  // small: producers lap it many times and often find it full
   ferry::test::Gate gate;
   std::atomic<std::uint64_t> refused{0};

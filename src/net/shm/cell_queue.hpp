@@ -19,7 +19,10 @@
 //  - try_claim()/publish() by any thread of any process that maps the segment, concurrently.
 //    try_claim never blocks and never waits for another producer: a full queue returns null
 //    (the transport answers -EAGAIN). Every claimed cell must be published, promptly — the
-//    consumer cannot pass an unpublished cell (it looks empty until then).
+//    consumer cannot pass an unpublished cell (it looks empty until then), so a sender
+//    preempted between its claim and its publish delays that receiver's later messages until
+//    it runs again (other senders go on until the queue fills). Nothing that can block or
+//    fail may sit between the two.
 //  - peek()/release() by one thread at a time, the receiver's poll-lock holder. Cells come
 //    out in the order their positions were claimed, so two messages of one sending thread
 //    arrive in the order sent.

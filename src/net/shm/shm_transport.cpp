@@ -196,7 +196,6 @@ void ShmTransport::connect(const std::vector<std::string>& addresses) {
         }
       }
     }
-    if (p.mode == Mode::copy) copy_used_ = true;
   }
 }
 
@@ -304,23 +303,32 @@ int ShmTransport::put_data(int rank, const void* buf, std::size_t len, void*, st
   Peer* p = peer(rank);
   if (p == nullptr) return -EHOSTUNREACH;
   if (p->mode == Mode::copy) return start_copy_put(*p, rank, buf, len, addr, true, data, ctx);
-  // The notice's cell first: a full queue refuses the whole put_data before anything is written.
-  std::uint64_t pos = 0;
-  CellHeader* c = p->queue.try_claim(pos);
-  if (c == nullptr) return -EAGAIN;
+  // The write, then the notice. The notice's cell is claimed only after the write: a claimed
+  // cell holds up the target's queue until published, and a large write takes milliseconds.
   int rc = 0;
   if (p->mode == Mode::self) {
     if (len > 0) std::memcpy(reinterpret_cast<void*>(static_cast<std::uintptr_t>(addr)), buf, len);
   } else {
     rc = cma_write(p->pid, buf, len, addr);
   }
-  c->length = 0;
-  c->rank = rank_;
-  c->kind = static_cast<std::uint32_t>(rc == 0 ? CellKind::remote_write : CellKind::nop);
-  c->arg0 = data;
-  c->arg1 = len;
-  CellQueue::publish(c, pos);  // release: the target sees the write (done before) with the notice
-  complete(ctx, len, rank, rc);
+  if (rc != 0) {
+    complete(ctx, len, rank, rc);
+    return 0;
+  }
+  auto* n = new (ctx->backend) PutNode{};
+  n->ctx = ctx;
+  n->src = static_cast<const unsigned char*>(buf);
+  n->len = len;
+  n->done = len;  // the data is there: only the notice is left
+  n->addr = addr;
+  n->data = data;
+  n->rank = rank;
+  n->notify = 1;
+  if (push_put(*n)) {
+    complete(ctx, len, rank, 0);
+  } else {
+    outbound_.push(n);  // the target's queue is full: the notice follows from a later poll
+  }
   return 0;
 }
 
@@ -596,10 +604,8 @@ bool ShmTransport::on_get_reply(CellHeader* c, std::uint32_t len, int src, Event
 
 int ShmTransport::poll(Event* events, int max) {
   int n = 0;
-  if (copy_used_) {
-    progress_puts();
-    if (!serves_.empty()) progress_serves();
-  }
+  progress_puts();  // copy-mode puts, and notices that did not fit at post
+  if (!serves_.empty()) progress_serves();
   while (n < max) {
     DoneNode* d = done_.pop();
     if (d == nullptr) break;

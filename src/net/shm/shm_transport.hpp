@@ -15,8 +15,9 @@
 //    reaches the senders as -EAGAIN, nothing is dropped.
 //  - RMA: registration is a local record (key 0, no desc). With cross-memory attach (CMA)
 //    put/get are one process_vm_writev/readv at post time, complete at once, and need no
-//    progress from the target. put_data then posts a "remote write" cell, claimed before the
-//    write so that a full queue refuses the whole operation (-EAGAIN) rather than half of it.
+//    progress from the target. put_data then posts a "remote write" cell; if the target's
+//    queue is full, the write stands and the notice (and the put_data's event) follow from
+//    this transport's later polls.
 //  - Copy mode (ShmCopy::copy, or where the CMA probe at connect fails for a peer): a put
 //    travels as "put chunk" cells that the target's poll copies in after checking the range
 //    lies inside one of its registrations allowing remote writes (else the chunk is dropped
@@ -85,7 +86,7 @@ struct RecvNode {  // a posted receive
   unsigned char* buf = nullptr;
   std::size_t len = 0;
 };
-struct PutNode {  // a copy-mode put still pushing chunks
+struct PutNode {  // a put still pushing chunks (copy mode) or its put_data notice
   std::atomic<PutNode*> next{nullptr};
   detail::OpContext* ctx = nullptr;
   const unsigned char* src = nullptr;
@@ -177,16 +178,15 @@ class ShmTransport final : public Transport {
   CellQueue rx_;
   std::uint64_t head_ = 0;  // rx_'s consumer position (poll-lock holder)
   std::unique_ptr<Peer[]> peers_;
-  bool copy_used_ = false;  // some peer (or self) is in copy mode: poll progresses the copy paths
 
   detail::MpscQueue<DoneNode> done_;  // local completions (any thread pushes, poll pops)
   RecvNode* recv_head_ = nullptr;      // posted receives, FIFO (poll-lock holder)
   RecvNode* recv_tail_ = nullptr;
 
-  // Copy mode.
   detail::MpscQueue<PutNode> outbound_;  // puts that did not fit the target's queue at post
   PutNode* puts_head_ = nullptr;          // ... taken over by poll, in order (poll-lock holder)
   PutNode* puts_tail_ = nullptr;
+  // Copy mode.
   std::unique_ptr<GetSlot[]> gets_;       // outstanding gets of this rank
   std::atomic<std::uint64_t> get_hint_{0};
   std::deque<Serve> serves_;              // gets this rank answers (poll-lock holder)
