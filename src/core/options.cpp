@@ -198,7 +198,7 @@ const RuntimeOptionTable& runtime_option_table() {
                   "else copy), cma (process_vm_readv/writev, single copy), copy (through shared memory)"},
                  &O::shm_copy, &S::shm_copy),
           option({"shm_cells", "FERRY_SHM_CELLS", T::size, "256", {}, 2, 1u << 20, nullptr,
-                  "cells in each shared-memory receive queue (one packet each)"},
+                  "cells in each shared-memory receive queue (one packet each; rounded up to a power of two)"},
                  &O::shm_cells, &S::shm_cells),
           option({"devices", "FERRY_DEVICES", T::count, "1", {}, 1, 64, nullptr,
                   "devices (endpoint + CQ + buffers) per process"},

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "common/log.hpp"
+#include "common/queue_support.hpp"
 #include "core/recv_blocks.hpp"
 #include "core/runtime_impl.hpp"
 #include "ferry/error.hpp"
@@ -106,7 +107,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
     std::vector<std::unique_ptr<net::Transport>> transports;
     if (plan.ofi) transports.push_back(net::ofi::make_transport(*fabric_));
     if (plan.shm) {
-      transports.push_back(net::make_shm_transport(net::ShmParams{rank_, size_, d, config_.packet_size, config_.shm_cells,
+      transports.push_back(net::make_shm_transport(net::ShmParams{rank_, size_, d, config_.packet_size, round_up_pow2(config_.shm_cells),
                                                                   shm_copy(config_.shm_copy)}));
     }
     devices_.push_back(std::make_unique<DeviceImpl>(*this, d, config_, std::move(transports), route));
