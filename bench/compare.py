@@ -644,7 +644,7 @@ def main():
             f.skipped = why
             log("compare: %s skipped: %s" % (f.label, why))
         else:
-            log("compare: %s runs on provider %s (transport %s, from %s)" % (
+            log("compare: %s runs: provider %s, transport %s (%s)" % (
                 f.label, f.seen_provider, f.seen_transport, f.transport_source))
     for o in others:
         if o.skipped:
