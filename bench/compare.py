@@ -153,6 +153,19 @@ def parse_ucx_perftest(text):
     raise RunFailed("ucx_perftest result line has %d fields, expected 8 or 4: %s" % (len(f), lines[-1]))
 
 
+def reason(err, out):
+    """The line of a failed run's output that says why: the first that names an error, else the
+    last (a launcher's own last words, "terminating the other rank", say little)."""
+    lines = [l.strip() for l in (err or "").splitlines() + (out or "").splitlines() if l.strip()]
+    if not lines:
+        return "(no output)"
+    for line in lines:
+        if re.search(r"error|fail|abort|invalid|not |no |cannot|unknown|denied", line, re.IGNORECASE) and \
+                not line.startswith("ferryrun: terminating"):
+            return line[:300]
+    return lines[-1][:300]
+
+
 def kill_group(proc):
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -198,8 +211,7 @@ class Runner:
             raise RunFailed("timed out after %gs" % timeout)
         self.save_log(tag, out, err)
         if proc.returncode != 0:
-            last = ((err or "").strip().splitlines() or (out or "").strip().splitlines() or ["(no output)"])[-1]
-            raise RunFailed("exit %d: %s" % (proc.returncode, last.strip()[:300]))
+            raise RunFailed("exit %d: %s" % (proc.returncode, reason(err, out)))
         return out
 
     def json_result(self, tag, cmd, env, bench):
@@ -307,7 +319,9 @@ class Ferry(Impl):
                 raise RunFailed("asked for FERRY_TRANSPORT=%s, ferry ran on %s" % (self.transport, j["transport"]))
         else:
             self.seen_transport, self.transport_source = self.transport, "as set by FERRY_TRANSPORT; ferry-bench does not report it"
-        if self.provider_req and j.get("provider") not in (None, self.provider_req):
+        # libfabric names layered providers "core;utility" (tcp;ofi_rxm): the core one was asked for.
+        seen = str(j.get("provider") or "")
+        if self.provider_req and seen and self.provider_req not in (seen, seen.split(";")[0]):
             raise RunFailed("asked for FERRY_PROVIDER=%s, ferry ran on %s" % (self.provider_req, j.get("provider")))
 
     def probe(self, known_transports):
