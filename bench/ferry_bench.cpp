@@ -229,6 +229,14 @@ ferry::RuntimeOptions runtime_options(int devices, const std::string& lock_model
   return o;
 }
 
+// The transport the runtime runs on ("shm", "ofi", ...), added to a result when the Runtime
+// can name it. A template, so that the requires-expression is checked at instantiation and a
+// runtime without transport() leaves the field out instead of failing to compile.
+template <class R>
+void add_transport(json& j, const R& rt) {
+  if constexpr (requires { std::string(rt.transport()); }) j["transport"] = std::string(rt.transport());
+}
+
 // Everything a subcommand shares: the runtime, one inbox per thread, exposed under ids 1..T.
 struct Job {
   ferry::Runtime rt;
@@ -262,7 +270,7 @@ struct Job {
   }
 
   json base(const char* bench_name, std::int64_t size) {
-    return json{{"bench", bench_name},
+    json j{{"bench", bench_name},
                 {"size", size},
                 {"threads", threads},
                 {"devices", devices},
@@ -272,6 +280,8 @@ struct Job {
                 {"eager_limit", rt.device(0).eager_limit()},
                 {"yield", yield},
                 {"ferry_version", ferry::version()}};
+    add_transport(j, rt);
+    return j;
   }
 };
 
@@ -870,26 +880,28 @@ int run_cq(std::int64_t ops, int threads, bool as_json, ferry::QueueKind kind, c
     const Usage usage = usage_end.since(usage_start);
     const double n = static_cast<double>(ops * threads);
     if (as_json) {
-      bench::print_json(json{{"bench", "cq"},
-                             {"size", 0},
-                             {"threads", threads},
-                             {"ops", ops},
-                             {"count", ops * threads},
-                             {"provider", rt.provider()},
-                             {"ranks", rt.size()},
-                             {"capacity", queue.capacity()},
-                             {"queue", ferry::to_string(kind)},
-                             {"yield", yield},
-                             {"seconds", secs},
-                             {"msgs_per_s", rate},
-                             {"ops_per_s", 2.0 * rate},
-                             {"vol_ctx_switches", usage.voluntary},
-                             {"invol_ctx_switches", usage.involuntary},
-                             {"vol_ctx_per_msg", static_cast<double>(usage.voluntary) / n},
-                             {"invol_ctx_per_msg", static_cast<double>(usage.involuntary) / n},
-                             {"cpu_seconds", usage.cpu_seconds},
-                             {"cpu_us_per_msg", usage.cpu_seconds / n * 1e6},
-                             {"ferry_version", ferry::version()}});
+      json j{{"bench", "cq"},
+             {"size", 0},
+             {"threads", threads},
+             {"ops", ops},
+             {"count", ops * threads},
+             {"provider", rt.provider()},
+             {"ranks", rt.size()},
+             {"capacity", queue.capacity()},
+             {"queue", ferry::to_string(kind)},
+             {"yield", yield},
+             {"seconds", secs},
+             {"msgs_per_s", rate},
+             {"ops_per_s", 2.0 * rate},
+             {"vol_ctx_switches", usage.voluntary},
+             {"invol_ctx_switches", usage.involuntary},
+             {"vol_ctx_per_msg", static_cast<double>(usage.voluntary) / n},
+             {"invol_ctx_per_msg", static_cast<double>(usage.involuntary) / n},
+             {"cpu_seconds", usage.cpu_seconds},
+             {"cpu_us_per_msg", usage.cpu_seconds / n * 1e6},
+             {"ferry_version", ferry::version()}};
+      add_transport(j, rt);
+      bench::print_json(j);
     } else {
       std::printf(
           "cq        queue %s  threads %d  capacity %zu: %.0f completions/s through one queue (each pushed and "

@@ -1,4 +1,5 @@
-// ferry-mpi-pingpong: the MPI baseline for ferry-bench, built against MPICH.
+// ferry-mpi-pingpong: the MPI baseline for ferry-bench, built against MPICH (and, as
+// ferry-mpi-pingpong-openmpi, against Open MPI).
 //
 //   pingpong: rank 0 MPI_Send / MPI_Recv with rank 1, which answers each message with one of
 //             the same size; half_rtt_us as in ferry-bench (median of --reps chunks).
@@ -7,6 +8,7 @@
 //
 // Same options, schedule and JSON keys as ferry-bench, so compare.py can put them side by side.
 //   mpiexec.hydra -n 2 build/bin/ferry-mpi-pingpong pingpong --size 8 --iters 10000 --json
+//   mpirun.openmpi -n 2 build/bin/ferry-mpi-pingpong-openmpi msgrate --size 16384 --window 64 --json
 #include <mpi.h>
 
 #include <algorithm>
@@ -50,8 +52,14 @@ nlohmann::json base(const char* name, std::int64_t size, int ranks) {
   MPI_Get_library_version(version, &len);
   std::string lib(version, static_cast<std::size_t>(len));
   if (const auto nl = lib.find('\n'); nl != std::string::npos) lib.resize(nl);
-  return nlohmann::json{{"bench", name},   {"size", size},     {"threads", 1},   {"devices", 1},
-                        {"provider", "mpich"}, {"ranks", ranks}, {"mpi_library", lib}};
+  // Open MPI counts the terminating NUL in len.
+  while (!lib.empty() && lib.back() == '\0') lib.pop_back();
+  // "provider" names the MPI library the program was linked with, as the library reports it.
+  const char* provider = lib.find("Open MPI") != std::string::npos ? "openmpi"
+                         : lib.find("MPICH") != std::string::npos  ? "mpich"
+                                                                   : "mpi";
+  return nlohmann::json{{"bench", name},         {"size", size},   {"threads", 1},    {"devices", 1},
+                        {"provider", provider}, {"ranks", ranks}, {"mpi_library", lib}};
 }
 
 int pingpong(const bench::PingpongArgs& a, int rank, int ranks) {
@@ -197,8 +205,9 @@ int main(int argc, char** argv) {
   bench::add_msgrate_options(app.add_subcommand("msgrate", "windows of MPI_Isend, acknowledged; messages/s"), mr);
 
   // Parsed before MPI_Init so that a bad command line exits 2 without starting MPI; only the
-  // first rank (hydra sets PMI_RANK) reports it.
+  // first rank (hydra sets PMI_RANK, Open MPI's mpirun OMPI_COMM_WORLD_RANK) reports it.
   const char* env_rank = std::getenv("PMI_RANK");
+  if (env_rank == nullptr) env_rank = std::getenv("OMPI_COMM_WORLD_RANK");
   const bool quiet = env_rank != nullptr && std::string(env_rank) != "0";
   if (const int code = bench::parse_or_exit_code(app, argc, argv, quiet); code >= 0) return code;
 

@@ -1,11 +1,27 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds ferry, and runs the local 2-rank benchmark
-# table — ferry's ping-pong and message rate beside libfabric's fi_pingpong, a raw-libfabric
-# message rate and an MPI ping-pong (MPICH), all on the same provider (FERRY_PROVIDER, default
-# shm). Arguments go to bench/compare.py (--reps, --quick, --provider, --out ...).
+# The main comparison, from a fresh clone: installs what is missing (scripts/deps.sh), builds
+# ferry and the baselines (Release), and runs bench/compare.py — 2 ranks on this machine, ferry
+# on each of its transports beside raw libfabric (fi_pingpong, ferry-fi-msgrate), MPICH, Open MPI
+# and UCX (ucx_perftest): 8 B latency, 8 B message rate with 1 and T threads, 16 KiB and 1 MiB
+# streamed bandwidth. Results in results/bench-<timestamp>/ (table.md, results.csv, raw.jsonl,
+# plot.png). Arguments go to compare.py:
+#   scripts/bench.sh --quick                        # one repetition, small counts: a smoke test
+#   scripts/bench.sh                                # medians of 5 interleaved repetitions
+#   scripts/bench.sh --transports shm,ofi:shm,ofi:tcp --threads 4 --reps 7 --out results/mine
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >build.configure.log 2>&1 || { cat build.configure.log; exit 1; }
-cmake --build build -j"$(nproc)" --target ferry-bench ferry-fi-msgrate ferry-mpi-pingpong ferryrun
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >build.configure.log 2>&1 || { cat build.configure.log; exit 1; }
+# The MPI programs exist only when their MPI was found at configure time; build what there is.
+wanted=(ferry-bench ferryrun ferry-info ferry-c2c ferry-fi-msgrate ferry-mpi-pingpong ferry-mpi-pingpong-openmpi)
+available=$(cmake --build build --target help 2>/dev/null | sed -n 's/^\.\.\. \([^ ]*\).*/\1/p')
+targets=()
+for t in "${wanted[@]}"; do
+  if grep -qx "$t" <<<"$available"; then targets+=("$t"); else echo "bench: target $t is not configured; its column will say so"; fi
+done
+cmake --build build -j"$(nproc)" --target "${targets[@]}"
 exec /usr/bin/python3 bench/compare.py --bin-dir build/bin "$@"

@@ -7,7 +7,8 @@ packages=(
   libfabric-dev libfabric-bin          # the network layer, and fi_info / fi_pingpong
   libpmix-dev                          # PMIx bootstrap (mpirun, srun --mpi=pmix)
   mpich libmpich-dev                   # MPI baseline and PMI-1 interop (mpiexec.hydra)
-  openmpi-bin libopenmpi-dev           # PMIx interop (mpirun)
+  openmpi-bin libopenmpi-dev           # PMIx interop (mpirun), and the Open MPI baseline of bench.sh
+  ucx-utils                            # ucx_perftest, the UCX baseline of bench.sh
   libcli11-dev nlohmann-json3-dev      # command lines, JSON output
   googletest libgtest-dev libgmock-dev # tests
   python3-matplotlib                   # plots (used by /usr/bin/python3)
