@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   }
   if (rt.rank() == 0) {
     std::printf("{\"bench\":\"am_cost\",\"size\":%zu,\"messages\":%d,\"retries\":%ld,\"provider\":\"%s\"}\n", size,
-                rounds * batch, retries, rt.provider().c_str());
+                rounds * batch, retries, rt.transport().c_str());
   }
   rt.finalize();
 }

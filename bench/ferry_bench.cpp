@@ -229,13 +229,8 @@ ferry::RuntimeOptions runtime_options(int devices, const std::string& lock_model
   return o;
 }
 
-// The transport the runtime runs on ("shm", "ofi", ...), added to a result when the Runtime
-// can name it. A template, so that the requires-expression is checked at instantiation and a
-// runtime without transport() leaves the field out instead of failing to compile.
-template <class R>
-void add_transport(json& j, const R& rt) {
-  if constexpr (requires { std::string(rt.transport()); }) j["transport"] = std::string(rt.transport());
-}
+// The backends the run actually used ("shm", "ofi/shm", "shm+ofi/tcp;ofi_rxm").
+void add_transport(json& j, const ferry::Runtime& rt) { j["transport"] = rt.transport(); }
 
 // Everything a subcommand shares: the runtime, one inbox per thread, exposed under ids 1..T.
 struct Job {
@@ -409,10 +404,10 @@ int run_pingpong(const bench::PingpongArgs& a, int threads, int devices, const s
       bench::print_json(j);
     } else {
       std::printf(
-          "pingpong  size %lld B  threads %d  devices %d  lock %s  provider %s  ranks %d: half round trip %.3f us "
+          "pingpong  size %lld B  threads %d  devices %d  lock %s  transport %s  ranks %d: half round trip %.3f us "
           "(median of %lld x %lld iters; mean %.3f, min %.3f, max %.3f)\n",
           static_cast<long long>(a.size), threads, job.devices, rt.options().value("lock_model").c_str(),
-          rt.provider().c_str(), rt.size(), med,
+          rt.transport().c_str(), rt.size(), med,
           static_cast<long long>(reps), static_cast<long long>(a.iters / reps), avg, lo, hi);
       std::fflush(stdout);
     }
@@ -497,10 +492,10 @@ int run_msgrate(const bench::MsgrateArgs& a, int threads, int devices, const std
       bench::print_json(j);
     } else {
       std::printf(
-          "msgrate   size %lld B  threads %d  devices %d  lock %s  provider %s  ranks %d: %.0f msgs/s (%.2f MB/s; "
+          "msgrate   size %lld B  threads %d  devices %d  lock %s  transport %s  ranks %d: %.0f msgs/s (%.2f MB/s; "
           "%lld messages in windows of %lld, %.3f s)\n",
           static_cast<long long>(a.size), threads, job.devices, rt.options().value("lock_model").c_str(),
-          rt.provider().c_str(), rt.size(), rate,
+          rt.transport().c_str(), rt.size(), rate,
           rate * static_cast<double>(size) / 1e6, static_cast<long long>(a.count * threads),
           static_cast<long long>(window), secs);
       std::fflush(stdout);
@@ -812,10 +807,10 @@ int run_contention(const bench::ContentionArgs& a, int threads, const std::strin
       bench::print_json(j);
     } else {
       std::printf(
-          "contention %-4s  lock %-8s  threads %d (%d sending, %d receiving)  size %lld B  provider %s: %.0f msgs/s "
+          "contention %-4s  lock %-8s  threads %d (%d sending, %d receiving)  size %lld B  transport %s: %.0f msgs/s "
           "(%lld messages in windows of %lld, %.3f s; deferred %llu/%llu, combined %llu/%llu on rank 0/1)\n",
           a.pattern.c_str(), model.c_str(), threads, senders, receivers, static_cast<long long>(a.size),
-          rt.provider().c_str(), rate, static_cast<long long>(total), static_cast<long long>(window), secs,
+          rt.transport().c_str(), rate, static_cast<long long>(total), static_cast<long long>(window), secs,
           static_cast<unsigned long long>(mine.deferred), d1, static_cast<unsigned long long>(mine.combined), c1);
       std::fflush(stdout);
     }

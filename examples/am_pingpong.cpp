@@ -35,6 +35,6 @@ int main(int argc, char** argv) {
     }
   }
   const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  if (rt.rank() == 0) std::printf("%d round trips, half round trip %.3f us on %s\n", iters, us / iters / 2, rt.provider().c_str());
+  if (rt.rank() == 0) std::printf("%d round trips, half round trip %.3f us on %s\n", iters, us / iters / 2, rt.transport().c_str());
   rt.finalize();
 }

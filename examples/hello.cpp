@@ -23,7 +23,7 @@ int main() {
       dev.progress();
       if (auto c = inbox.pop()) {
         std::printf("rank 0 got: %.*s (on %s)\n", static_cast<int>(c->size), static_cast<const char*>(c->buffer.data()),
-                    rt.provider().c_str());
+                    rt.transport().c_str());
         ++got;
       }
     }

@@ -257,4 +257,10 @@ ProviderLimits probe_provider(const std::string& provider);
 // libfabric's version, e.g. "2.1".
 std::string fabric_version();
 
+// How ferry's shared-memory transport would move large data on this machine, for tools:
+// "cma" when this process may use process_vm_readv (cross-memory attach), else "copy" with the
+// reason. Yama's ptrace_scope is named too: at 1 only a launcher's descendants may attach to
+// each other, which FERRY_SHM_COPY=auto detects per peer at start-up.
+std::string shm_large_data_path();
+
 }  // namespace ferry

@@ -88,7 +88,8 @@ class DeviceImpl : public DeviceContext {
   void validate(const A& args) const;
 
   // Fragmented messages count as eager: sent at once, in order, never a rendezvous.
-  std::size_t eager_limit() const noexcept { return std::max(eager_limit_, fragment_limit_); }
+  // On a device with several transports, the smallest of their eager limits.
+  std::size_t eager_limit() const noexcept { return eager_everywhere(); }
   std::size_t iovec_eager_limit(std::size_t parts) const noexcept;
   // The largest message the transport that reaches `rank` copies at once (0 for a bad rank).
   std::size_t inject_size(int rank) const noexcept {

@@ -71,6 +71,10 @@ DeviceContext::DeviceContext(RuntimeImpl& runtime, int index, const Config& conf
     l.pool_desc = caps.local_registration ? l.pool_registration->desc() : nullptr;
     links_.push_back(l);
   }
+  // A message is eager (sent at once, complete on return) only if it is eager on every link:
+  // a caller that reuses its buffer at once must not meet a rendezvous on one of them.
+  eager_everywhere_ = std::numeric_limits<std::size_t>::max();
+  for (const Link& l : links_) eager_everywhere_ = std::min(eager_everywhere_, std::max(eager_limit_, l.fragment_limit));
   route_.resize(route.size(), nullptr);
   for (std::size_t r = 0; r < route.size(); ++r) route_[r] = &links_[static_cast<std::size_t>(route[r])];
 }

@@ -100,8 +100,11 @@ class alignas(cache_line) DeviceContext {
   std::size_t link_count() const noexcept { return links_.size(); }
   // Payload bytes that go in one packet (smaller with FERRY_RDV_THRESHOLD or a small transport).
   std::size_t packet_eager_limit() const noexcept { return eager_limit_; }
-  // The largest fragmented message over any link (0 when no link fragments).
+  // The largest fragmented message over any link (0 when no link fragments): what a receiver
+  // may have to reassemble.
   std::size_t fragment_limit() const noexcept { return fragment_limit_; }
+  // The largest message that goes eagerly (in one packet or as fragments) to every rank.
+  std::size_t eager_everywhere() const noexcept { return eager_everywhere_; }
 
   bool take_credit() noexcept;
   void return_credit() noexcept;
@@ -132,6 +135,7 @@ class alignas(cache_line) DeviceContext {
   std::vector<Link*> route_;  // by rank
   std::size_t eager_limit_ = 0;
   std::size_t fragment_limit_ = 0;
+  std::size_t eager_everywhere_ = 0;
   std::size_t credits_max_ = 0;
 
  private:

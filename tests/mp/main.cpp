@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
     };
     listeners.Append(new FailurePrinter);
   } else {
-    std::printf("ferry mp suite: %d ranks, provider %s, bootstrap %s\n", mp::rt().size(), mp::rt().provider().c_str(),
+    std::printf("ferry mp suite: %d ranks, transport %s, bootstrap %s\n", mp::rt().size(), mp::rt().transport().c_str(),
                 mp::rt().bootstrap().c_str());
   }
   const int rc = RUN_ALL_TESTS();

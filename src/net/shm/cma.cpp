@@ -3,8 +3,13 @@
 
 #include <sys/uio.h>
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <climits>
+#include <cstring>
+#include <fstream>
+#include <string>
 
 namespace ferry::net::shm {
 
@@ -52,6 +57,21 @@ int cma_probe(pid_t pid, std::uint64_t remote, std::uint64_t expect) noexcept {
   const int rc = cma_read(pid, &word, sizeof word, remote);
   if (rc != 0) return rc;
   return word == expect ? 0 : -EIO;
+}
+
+std::string describe_cma() {
+  static volatile std::uint64_t word = 0x6665727279636d61ull;  // read back through the kernel
+  const std::uint64_t expect = word;
+  const int rc = cma_probe(getpid(), reinterpret_cast<std::uint64_t>(&word), expect);
+  std::string out = rc == 0 ? "cma" : std::string("copy (process_vm_readv: ") + std::strerror(-rc) + ")";
+  std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
+  int scope = 0;
+  if (rc == 0 && yama >> scope && scope != 0) {
+    out += "; Yama ptrace_scope=" + std::to_string(scope) +
+           (scope == 1 ? " (only a launcher's descendants can be read: auto falls back to copy per peer otherwise)"
+                       : " (peers cannot be read: auto falls back to copy)");
+  }
+  return out;
 }
 
 }  // namespace ferry::net::shm

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace ferry::net::shm {
 
@@ -21,5 +22,9 @@ int cma_read(pid_t pid, void* local, std::size_t len, std::uint64_t remote) noex
 // compares it with `expect` (the same word seen through shared memory). Returns 0 when it
 // matches, a negative errno value when the kernel refuses, -EIO when the word differs.
 int cma_probe(pid_t pid, std::uint64_t remote, std::uint64_t expect) noexcept;
+
+// This process reading itself through process_vm_readv: "cma", or "copy (<reason>)"; with
+// Yama's ptrace_scope when it restricts which peers may be read.
+std::string describe_cma();
 
 }  // namespace ferry::net::shm
