@@ -704,7 +704,7 @@ def write_markdown(out_dir, a, meta, cg_rows, over_rows, points, cg_skipped):
     cores = meta["cores"]
     L = ["# ferry lock models and completion queues: instruction counts and oversubscription", ""]
     L.append(f"{meta['when']}, ferry {meta.get('ferry_version', '?')} (commit {meta['commit']}), {meta['host']}, "
-             f"{cores} cores, provider {meta.get('provider', '?')}, build {meta.get('build_type', '?')}; load "
+             f"{cores} cores, transport {meta.get('transport', '?')}, build {meta.get('build_type', '?')}; load "
              f"average {meta['load_start']} at the start, {meta['load_end']} at the end.")
     L += ["", "Command: `" + meta["command"] + "`", "", WHAT_IT_SHOWS]
     L += ["## Instruction counts (callgrind)", ""]
@@ -836,6 +836,7 @@ def main(argv):
             r = json.loads(line)["result"]
             if r.get("bench") == "contention":
                 meta["provider"] = r.get("provider", "?")
+                meta["transport"] = r.get("transport", "?")
             meta["ferry_version"] = r.get("ferry_version", "?")
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     points = summarise(over_rows)

@@ -425,7 +425,7 @@ def write_markdown(points, rows, meta, out_dir, pngs):
     cores = meta["cores"]
     L = ["# ferry micro-benchmarks: lock models under contention, completion queues", ""]
     L.append(f"{meta['when']}, ferry {meta.get('ferry_version', '?')} (commit {meta.get('commit', '?')}), "
-             f"{meta['host']}, {cores} cores, provider {meta.get('provider', '?')}; load average "
+             f"{meta['host']}, {cores} cores, transport {meta.get('transport', '?')}; load average "
              f"{meta.get('load_start', '?')} at the start, {meta.get('load_end', '?')} at the end.")
     L.append("")
     L.append(f"Each cell is the median of {meta['reps']} run(s) (repetitions outermost, interleaved). The machine "
@@ -521,6 +521,7 @@ def main(argv):
             r = json.loads(line)["result"]
             if r.get("bench") != "cq":
                 meta["provider"] = r.get("provider", "?")
+                meta["transport"] = r.get("transport", "?")
             meta["ferry_version"] = r.get("ferry_version", "?")
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     report(out_dir, read_raw(out_dir), meta)

@@ -351,6 +351,7 @@ int main(int argc, char** argv) {
     if (a.json) {
       nlohmann::json j = {{"bench", "chains"},
                           {"parcelport", rt.parcelport()},
+                          {"transport", rt.transport()},
                           {"ranks", rt.size()},
                           {"nchains", b.nchains},
                           {"nsteps", b.nsteps},

@@ -258,6 +258,8 @@ class Runtime {
   int size() const noexcept;
   int threads() const noexcept;
   std::string parcelport() const;
+  // What the parcelport runs on (Parcelport::transport()).
+  std::string transport() const;
 
   // Registers fn under `name` on this rank. Every rank must register every action it
   // may receive; an unknown action is reported as an error naming its id and sender.

@@ -105,6 +105,9 @@ class Parcelport {
   virtual int rank() const noexcept = 0;
   virtual int size() const noexcept = 0;
   virtual std::string name() const = 0;
+  // What carries the parcels: the core runtime's transports for the ferry parcelport ("shm",
+  // "ofi/tcp;ofi_rxm", ...), the MPI library for the baselines.
+  virtual std::string transport() const = 0;
   // Any thread. `parcel`'s chunks must stay valid until on_sent runs.
   // Throws ferry::Error for an invalid destination or an oversize header.
   virtual void send(int destination, Parcel&& parcel, SentCallback on_sent) = 0;

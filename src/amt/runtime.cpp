@@ -477,6 +477,7 @@ int Runtime::rank() const noexcept { return impl_->rank(); }
 int Runtime::size() const noexcept { return impl_->size(); }
 int Runtime::threads() const noexcept { return static_cast<int>(impl_->workers_.size()); }
 std::string Runtime::parcelport() const { return impl_->parcelport_->name(); }
+std::string Runtime::transport() const { return impl_->parcelport_->transport(); }
 void Runtime::spawn(std::function<void()> f) { impl_->spawn(std::move(f)); }
 bool Runtime::help() { return impl_->help(); }
 void Runtime::finalize() { impl_->finalize(); }

@@ -249,6 +249,7 @@ class FerryParcelport final : public Parcelport {
   int rank() const noexcept override { return rt_.rank(); }
   int size() const noexcept override { return rt_.size(); }
   std::string name() const override { return iovec_ ? "ferry(iovec)" : "ferry"; }
+  std::string transport() const override { return rt_.transport(); }
   std::uint64_t parcels_sent() const noexcept override { return sent_.load(std::memory_order_relaxed); }
   std::uint64_t parcels_delivered() const noexcept override { return delivered_.load(std::memory_order_relaxed); }
 

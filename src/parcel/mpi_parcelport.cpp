@@ -315,6 +315,7 @@ class MpiParcelport final : public Parcelport {
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return size_; }
   std::string name() const override { return kind_; }
+  std::string transport() const override { return "mpi"; }
 
   void send(int destination, Parcel&& parcel, SentCallback on_sent) override {
     if (destination < 0 || destination >= size_) {

@@ -18,6 +18,7 @@ class Stub final : public Parcelport {
   int rank() const noexcept override { return 0; }
   int size() const noexcept override { return 1; }
   std::string name() const override { return kind_; }
+  std::string transport() const override { return "none"; }
   void send(int, Parcel&&, SentCallback) override {}
   bool background_work() override { return false; }
   void barrier() override {}
