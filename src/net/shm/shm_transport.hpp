@@ -159,8 +159,8 @@ class ShmTransport final : public Transport {
     return p->mode == Mode::none ? nullptr : p;
   }
   void complete(detail::OpContext* ctx, std::size_t length, int rank, int error) noexcept;
-  int start_copy_put(Peer& p, int rank, const void* buf, std::size_t len, std::uint64_t addr, bool notify,
-                     std::uint64_t data, detail::OpContext* ctx) noexcept;
+  int start_copy_put(int rank, const void* buf, std::size_t len, std::uint64_t addr, bool notify, std::uint64_t data,
+                     detail::OpContext* ctx) noexcept;
   bool push_put(PutNode& n) noexcept;
   void progress_puts() noexcept;
   void progress_serves() noexcept;
