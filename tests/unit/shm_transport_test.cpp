@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -570,6 +572,70 @@ struct Link {
   }
 };
 
+// Forks rank 1 and guarantees it is gone when the test is: the child dies with the parent
+// (PR_SET_PDEATHSIG), and the guard's destructor — reached also when an assertion or an
+// exception ends the test early — waits for it a while, then kills it.
+class ChildGuard {
+ public:
+  // Runs body(link) in a child process and exits with its result; returns in the parent.
+  template <class Body>
+  explicit ChildGuard(Body body) {
+    int up[2], down[2];
+    if (pipe(up) != 0 || pipe(down) != 0) throw std::runtime_error("pipe failed");
+    const pid_t parent = getpid();
+    pid_ = fork();
+    if (pid_ < 0) throw std::runtime_error("fork failed");
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(4);  // the parent is gone already
+      close(up[0]);
+      close(down[1]);
+      int rc = 3;
+      try {
+        rc = body(Link{down[0], up[1]});
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "[rank 1] exception: %s\n", e.what());
+      }
+      _exit(rc);
+    }
+    close(up[1]);
+    close(down[0]);
+    link_ = Link{up[0], down[1]};
+  }
+  ChildGuard(const ChildGuard&) = delete;
+  ChildGuard& operator=(const ChildGuard&) = delete;
+  ~ChildGuard() {
+    if (pid_ > 0 && !reaped_) wait(false);
+  }
+  const Link& link() const { return link_; }
+  pid_t pid() const { return pid_; }
+  // Closes the pipes (the child sees EOF), waits up to 30 s, then kills. Returns the exit
+  // code, or -1 when the child had to be killed or did not exit normally.
+  int wait(bool report = true) {
+    close(link_.in);
+    close(link_.out);
+    int status = 0;
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    pid_t w;
+    while ((w = waitpid(pid_, &status, WNOHANG)) == 0 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    reaped_ = true;
+    if (w == 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
+      if (report) ADD_FAILURE() << "rank 1 did not exit; killed";
+      return -1;
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  Link link_;
+};
+
 // Commands rank 0 sends rank 1 through the transport itself, so in copy mode they arrive
 // after the chunks of the puts before them.
 struct Cmd {
@@ -878,43 +944,102 @@ void parent_main(const Link& link, ShmCopy copy, pid_t child) {
 }
 
 void two_process(ShmCopy copy) {
-  int up[2], down[2];
-  ASSERT_EQ(pipe(up), 0);
-  ASSERT_EQ(pipe(down), 0);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    close(up[0]);
-    close(down[1]);
-    int rc = 3;
-    try {
-      rc = child_main(Link{down[0], up[1]}, copy);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "[rank 1] exception: %s\n", e.what());
-    }
-    _exit(rc);
-  }
-  close(up[1]);
-  close(down[0]);
-  parent_main(Link{up[0], down[1]}, copy, child);
-  close(up[0]);
-  close(down[1]);  // the child sees EOF if the parent gave up early
-  // Reap the child, killing it if it does not finish.
-  int status = 0;
-  const auto deadline = Clock::now() + std::chrono::seconds(30);
-  pid_t w;
-  while ((w = waitpid(child, &status, WNOHANG)) == 0 && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  if (w == 0) {
-    kill(child, SIGKILL);
-    waitpid(child, &status, 0);
-    ADD_FAILURE() << "rank 1 did not exit; killed";
-  } else {
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank 1 status " << status;
-  }
+  ChildGuard child([copy](const Link& link) { return child_main(link, copy); });
+  parent_main(child.link(), copy, child.pid());
+  EXPECT_EQ(child.wait(), 0) << "rank 1 failed";
   EXPECT_TRUE(segments_of(getpid()).empty());
-  EXPECT_TRUE(segments_of(child).empty()) << "rank 1 left a segment";
+  EXPECT_TRUE(segments_of(child.pid()).empty()) << "rank 1 left a segment";
+}
+
+// Several threads of one process send to another process at once; the receiver gets every
+// message exactly once, in order per thread, and the senders every send event.
+TEST(ShmTransportTwoProcesses, ManyThreadsSendAcrossProcesses) {
+  constexpr int kThreads = 3;
+  const std::uint64_t per = ferry::test::scaled(20000, 2000);
+  // Both sides: exchange addresses, connect, and unlink only once both have mapped.
+  const auto join = [](ShmTransport& t, const Link& link, int rank) {
+    std::string peer;
+    if (!link.put_string(t.address()) || !link.get_string(peer)) return false;
+    std::vector<std::string> addrs(2);
+    addrs[static_cast<std::size_t>(rank)] = t.address();
+    addrs[static_cast<std::size_t>(1 - rank)] = peer;
+    t.connect(addrs);
+    if (!link.barrier()) return false;
+    t.connected();
+    return true;
+  };
+  ChildGuard child([&](const Link& link) {
+    auto t = make(1, 2, ShmCopy::automatic, 32);
+    if (!join(*t, link, 1)) return 2;
+    std::vector<std::vector<OpContext>> ctx(kThreads, std::vector<OpContext>(per / 2 + 1));
+    std::atomic<int> failed{0}, finished{0};
+    const auto deadline = Clock::now() + std::chrono::seconds(100);
+    std::vector<std::thread> threads;
+    for (int th = 0; th < kThreads; ++th) {
+      threads.emplace_back([&, th] {
+        std::size_t used = 0;
+        for (std::uint64_t i = 0; i < per && failed.load(std::memory_order_relaxed) == 0; ++i) {
+          const std::uint64_t msg[2] = {static_cast<std::uint64_t>(th), i};
+          int r;
+          while ((r = (i % 2) ? t->send(0, msg, sizeof msg, nullptr, &ctx[th][used]) : t->inject(0, msg, sizeof msg)) ==
+                 -EAGAIN) {
+            if (Clock::now() > deadline) break;
+            std::this_thread::yield();
+          }
+          if (r != 0) failed.fetch_add(1);
+          if (i % 2) ++used;
+        }
+        finished.fetch_add(1, std::memory_order_release);
+      });
+    }
+    std::size_t events = 0;
+    const bool ok = poll_until(
+        *t, [&](const Event& e) { events += e.error == 0 ? 1 : 0; },
+        [&] {
+          return finished.load(std::memory_order_acquire) == kThreads &&
+                 (failed.load() != 0 || events == kThreads * (per / 2));
+        },
+        120);
+    for (auto& th : threads) th.join();
+    if (!ok || failed.load() != 0) std::fprintf(stderr, "[rank 1] %d sends failed, %zu events\n", failed.load(), events);
+    return (ok && failed.load() == 0 && link.barrier()) ? 0 : 1;
+  });
+  {
+    auto t = make(0, 2, ShmCopy::automatic, 32);
+    ASSERT_TRUE(join(*t, child.link(), 0));
+    constexpr int kRecvs = 16;
+    OpContext rctx[kRecvs];
+    std::uint64_t rbuf[kRecvs][2];
+    for (int i = 0; i < kRecvs; ++i) t->post_recv(rbuf[i], sizeof rbuf[i], nullptr, &rctx[i]);
+    std::vector<std::uint64_t> next(kThreads, 0);
+    std::uint64_t received = 0;
+    bool ok = true;
+    const bool done = poll_until(
+        *t,
+        [&](const Event& e) {
+          const auto i = static_cast<std::size_t>(e.context - &rctx[0]);
+          if (i >= kRecvs) {
+            if (ok) ADD_FAILURE() << "an event with an unknown context";
+            ok = false;
+            return;
+          }
+          const std::uint64_t th = rbuf[i][0], seq = rbuf[i][1];
+          if (e.error != 0 || e.rank != 1 || th >= kThreads || seq != next[th]) {
+            if (ok) ADD_FAILURE() << "thread " << th << " message " << seq << ", error " << e.error;
+            ok = false;
+          } else {
+            ++next[th];
+          }
+          ++received;
+          t->post_recv(rbuf[i], sizeof rbuf[i], nullptr, &rctx[i]);
+        },
+        [&] { return !ok || received == kThreads * per; }, 120);
+    EXPECT_TRUE(done) << received << " of " << kThreads * per;
+    EXPECT_TRUE(ok);
+    EXPECT_TRUE(child.link().barrier());
+  }
+  EXPECT_EQ(child.wait(), 0) << "rank 1 failed";
+  EXPECT_TRUE(segments_of(child.pid()).empty());
 }
 
 TEST(ShmTransportTwoProcesses, CrossMemoryAttach) {

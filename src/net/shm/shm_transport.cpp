@@ -458,6 +458,9 @@ bool ShmTransport::push_put(PutNode& n) noexcept {
     c->kind = static_cast<std::uint32_t>(CellKind::remote_write);
     c->arg0 = n.data;
     c->arg1 = n.len;
+    // The release orders the data before the notice: chunks sit earlier in this queue; a
+    // memcpy or process_vm_writev (the kernel's stores, made on this thread's behalf before
+    // it returned) happened before on this thread.
     CellQueue::publish(c, pos);
     n.notify = 0;
   }
