@@ -26,7 +26,10 @@
 //    that does not match a live request is dropped). So copy mode needs the target to poll,
 //    and a put bigger than the queue needs the initiator to poll too (the rest is pushed
 //    from its polls). A put's local event means its data sits in the target's queue; the
-//    target writes it before any later cell of the same queue.
+//    target writes it before any later cell of the same queue. At most 1024 copy-mode gets
+//    are outstanding per transport (beyond: -EAGAIN). The registration table is a map under
+//    a mutex (registrations come from any thread); only copy-mode chunks and get requests
+//    consult it, never the message path or CMA.
 //  - Ranks talk to themselves through their own queue (self-sends); RMA to oneself is a
 //    memcpy, except in forced copy mode, where it takes the copy path too.
 //  - Bytes read from a cell were written by another process: every field is checked before
