@@ -294,7 +294,7 @@ int ShmTransport::put(int rank, const void* buf, std::size_t len, void*, std::ui
       complete(ctx, len, rank, cma_write(p->pid, buf, len, addr));
       return 0;
     default:
-      return start_copy_put(*p, rank, buf, len, addr, false, 0, ctx);
+      return start_copy_put(rank, buf, len, addr, false, 0, ctx);
   }
 }
 
@@ -302,7 +302,7 @@ int ShmTransport::put_data(int rank, const void* buf, std::size_t len, void*, st
                            std::uint64_t addr, std::uint64_t, detail::OpContext* ctx) {
   Peer* p = peer(rank);
   if (p == nullptr) return -EHOSTUNREACH;
-  if (p->mode == Mode::copy) return start_copy_put(*p, rank, buf, len, addr, true, data, ctx);
+  if (p->mode == Mode::copy) return start_copy_put(rank, buf, len, addr, true, data, ctx);
   // The write, then the notice. The notice's cell is claimed only after the write: a claimed
   // cell holds up the target's queue until published, and a large write takes milliseconds.
   int rc = 0;
@@ -413,9 +413,8 @@ int ShmTransport::get(int rank, void* buf, std::size_t len, void*, std::uint64_t
   return 0;
 }
 
-int ShmTransport::start_copy_put(Peer& p, int rank, const void* buf, std::size_t len, std::uint64_t addr, bool notify,
+int ShmTransport::start_copy_put(int rank, const void* buf, std::size_t len, std::uint64_t addr, bool notify,
                                  std::uint64_t data, detail::OpContext* ctx) noexcept {
-  (void)p;
   auto* n = new (ctx->backend) PutNode{};
   n->ctx = ctx;
   n->src = static_cast<const unsigned char*>(buf);
@@ -459,6 +458,9 @@ bool ShmTransport::push_put(PutNode& n) noexcept {
     c->kind = static_cast<std::uint32_t>(CellKind::remote_write);
     c->arg0 = n.data;
     c->arg1 = n.len;
+    // The release orders the data before the notice: chunks sit earlier in this queue; a
+    // memcpy or process_vm_writev (the kernel's stores, made on this thread's behalf before
+    // it returned) happened before on this thread.
     CellQueue::publish(c, pos);
     n.notify = 0;
   }

@@ -26,7 +26,10 @@
 //    that does not match a live request is dropped). So copy mode needs the target to poll,
 //    and a put bigger than the queue needs the initiator to poll too (the rest is pushed
 //    from its polls). A put's local event means its data sits in the target's queue; the
-//    target writes it before any later cell of the same queue.
+//    target writes it before any later cell of the same queue. At most 1024 copy-mode gets
+//    are outstanding per transport (beyond: -EAGAIN). The registration table is a map under
+//    a mutex (registrations come from any thread); only copy-mode chunks and get requests
+//    consult it, never the message path or CMA.
 //  - Ranks talk to themselves through their own queue (self-sends); RMA to oneself is a
 //    memcpy, except in forced copy mode, where it takes the copy path too.
 //  - Bytes read from a cell were written by another process: every field is checked before
@@ -159,8 +162,8 @@ class ShmTransport final : public Transport {
     return p->mode == Mode::none ? nullptr : p;
   }
   void complete(detail::OpContext* ctx, std::size_t length, int rank, int error) noexcept;
-  int start_copy_put(Peer& p, int rank, const void* buf, std::size_t len, std::uint64_t addr, bool notify,
-                     std::uint64_t data, detail::OpContext* ctx) noexcept;
+  int start_copy_put(int rank, const void* buf, std::size_t len, std::uint64_t addr, bool notify, std::uint64_t data,
+                     detail::OpContext* ctx) noexcept;
   bool push_put(PutNode& n) noexcept;
   void progress_puts() noexcept;
   void progress_serves() noexcept;
