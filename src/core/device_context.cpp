@@ -60,7 +60,7 @@ DeviceContext::DeviceContext(RuntimeImpl& runtime, int index, const Config& conf
   for (const auto& t : transports_) {
     const net::Caps& caps = t->caps();
     Link l{t.get(), caps.inject_size, &caps, nullptr, nullptr, 0, 0, 0};
-    if (config.fragment == FragmentMode::automatic && caps.inject_size >= kMinFragmentInject &&
+    if (config.fragment == FragmentMode::automatic && !caps.one_copy_get && caps.inject_size >= kMinFragmentInject &&
         kHeader + limit > caps.inject_size) {
       l.fragment_payload = std::min(caps.inject_size, kMaxFragmentFrame) - kFragmentHeader;
       l.fragment_limit = limit;

@@ -228,8 +228,9 @@ const RuntimeOptionTable& runtime_option_table() {
                   "messages above this many bytes use rendezvous; 0: as large as a packet allows"},
                  &O::rdv_threshold, &S::rdv_threshold),
           option({"fragment", "FERRY_FRAGMENT", T::choice, "auto", {"auto", "off"}, 0, 0, nullptr,
-                  "eager messages above the provider's inject size go as inject-size fragments: auto "
-                  "(when the provider injects >= 1 KiB, as shm does), off (one provider send)"},
+                  "eager messages above the transport's inject size go as inject-size fragments: auto "
+                  "(when it injects >= 1 KiB and has no one-copy get: libfabric's shm, ferry's shm in copy "
+                  "mode), off (one transport send, or a rendezvous)"},
                  &O::fragment, &S::fragment),
           option({"fragment_max", "FERRY_FRAGMENT_MAX", T::size, "16384", {}, 0, 1u << 30, nullptr,
                   "when fragmenting, messages up to this many bytes go as fragments, even past a packet "

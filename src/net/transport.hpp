@@ -43,6 +43,9 @@ struct Caps {
   bool local_registration = false;  // local buffers need a registration's desc() (FI_MR_LOCAL)
   bool remote_data_consumes_recv = false;  // a put_data's target event uses up a posted receive
   bool reports_source = true;       // events of received messages and remote writes name the rank
+  // get moves data in one copy at once, with no work by the target (cross-memory attach):
+  // messages past a packet go by rendezvous, which then beats fragments through the queues.
+  bool one_copy_get = false;
 };
 
 // What a registration allows.
