@@ -315,7 +315,9 @@ class Ferry(Impl):
         self.seen_provider = j.get("provider")
         if "transport" in j:
             self.seen_transport, self.transport_source = j["transport"], "ferry-bench JSON"
-            if self.transport != "auto" and j["transport"] != self.transport:
+            # ferry names the backends it used: "shm", "ofi/<provider>", or "shm+ofi/<provider>".
+            used = [t.split("/", 1)[0] for t in j["transport"].split("+")]
+            if self.transport != "auto" and used != [self.transport]:
                 raise RunFailed("asked for FERRY_TRANSPORT=%s, ferry ran on %s" % (self.transport, j["transport"]))
         else:
             self.seen_transport, self.transport_source = self.transport, "as set by FERRY_TRANSPORT; ferry-bench does not report it"

@@ -220,8 +220,10 @@ std::string ShmTransport::copy_summary() const {
   std::string cma, copy;
   for (int r = 0; r < size_; ++r) {
     const Mode m = peers_[static_cast<std::size_t>(r)].mode;
-    if (m == Mode::cma) cma += (cma.empty() ? "" : ",") + std::to_string(r);
-    if (m == Mode::copy) copy += (copy.empty() ? "" : ",") + std::to_string(r);
+    std::string& list = m == Mode::cma ? cma : copy;
+    if (m != Mode::cma && m != Mode::copy) continue;
+    if (!list.empty()) list += ',';
+    list += std::to_string(r);
   }
   if (copy.empty()) return cma.empty() ? "self" : "cma";
   if (cma.empty()) return "copy";
