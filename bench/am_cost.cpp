@@ -57,8 +57,8 @@ int main(int argc, char** argv) {
     rt.kv_fence();
   }
   if (rt.rank() == 0) {
-    std::printf("{\"bench\":\"am_cost\",\"size\":%zu,\"messages\":%d,\"retries\":%ld,\"provider\":\"%s\"}\n", size,
-                rounds * batch, retries, rt.transport().c_str());
+    std::printf("{\"bench\":\"am_cost\",\"size\":%zu,\"messages\":%d,\"retries\":%ld,\"transport\":\"%s\",\"provider\":\"%s\"}\n",
+                size, rounds * batch, retries, rt.transport().c_str(), rt.provider().c_str());
   }
   rt.finalize();
 }

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Instructions per 8-byte active message, sender and receiver, libfabric's share separated.
+# The transport is FERRY_TRANSPORT's (default auto: ferry's shared memory on one host);
+# FERRY_TRANSPORT=ofi measures the libfabric path (provider FERRY_PROVIDER, default shm).
 # Needs valgrind (apt-get install valgrind). Usage: scripts/callgrind-am.sh [build-dir]
 set -euo pipefail
 cd "$(dirname "$0")/.."
