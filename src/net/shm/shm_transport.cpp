@@ -258,7 +258,7 @@ int ShmTransport::inject(int rank, const void* buf, std::size_t len) {
   c->length = static_cast<std::uint32_t>(len);
   c->rank = rank_;
   c->kind = static_cast<std::uint32_t>(CellKind::message);
-  std::memcpy(cell_payload(c), buf, len);
+  if (len > 0) std::memcpy(cell_payload(c), buf, len);
   CellQueue::publish(c, pos);
   return 0;
 }
@@ -356,7 +356,7 @@ int ShmTransport::inject_put(int rank, const void* buf, std::size_t len, std::ui
       c->rank = rank_;
       c->kind = static_cast<std::uint32_t>(CellKind::put_chunk);
       c->arg0 = addr;
-      std::memcpy(cell_payload(c), buf, len);
+      if (len > 0) std::memcpy(cell_payload(c), buf, len);
       CellQueue::publish(c, pos);
       return 0;
     }
@@ -451,7 +451,7 @@ bool ShmTransport::push_put(PutNode& n) noexcept {
     c->rank = rank_;
     c->kind = static_cast<std::uint32_t>(CellKind::put_chunk);
     c->arg0 = n.addr + n.done;
-    std::memcpy(cell_payload(c), n.src + n.done, chunk);
+    if (chunk > 0) std::memcpy(cell_payload(c), n.src + n.done, chunk);
     CellQueue::publish(c, pos);
     n.done += chunk;
   }
@@ -595,7 +595,7 @@ bool ShmTransport::on_get_reply(CellHeader* c, std::uint32_t len, int src, Event
     FERRY_LOG(warn, "shm: dropped a get reply from rank %d outside its request", src);
     return false;
   } else {
-    std::memcpy(s.buf + offset, cell_payload(c), len);
+    if (len > 0) std::memcpy(s.buf + offset, cell_payload(c), len);
     s.received += len;
     if (s.received < s.len) return false;
   }
@@ -646,7 +646,7 @@ int ShmTransport::poll(Event* events, int max) {
           recv_head_ = r->next;
           if (recv_head_ == nullptr) recv_tail_ = nullptr;
           const std::size_t copied = len <= r->len ? len : r->len;
-          std::memcpy(r->buf, cell_payload(c), copied);
+          if (copied > 0) std::memcpy(r->buf, cell_payload(c), copied);
           Event& ev = events[n++];
           ev = Event{};
           ev.context = r->ctx;
