@@ -65,6 +65,7 @@ DeviceImpl::~DeviceImpl() {
 }
 
 void DeviceImpl::start() {
+  plan_fragments();
   std::lock_guard<SpinLock> guard(poll_lock_);
   for (Link& l : links_) {
     repost(l);
@@ -309,7 +310,9 @@ inline void DeviceImpl::on_recv(Link& l, Packet* p, std::size_t length) {
   // The header comes from another process: its kind and sender are checked before use (the
   // sender indexes the route table).
   const std::int32_t src = length >= kHeader ? decode<WireHeader>(p->data()).src : -1;
-  if (length < kHeader || length > p->capacity || !valid_kind(p->data()[0]) || src < 0 || src >= runtime_.size()) {
+  // A rank reached through another transport cannot have sent this: its name is false.
+  if (length < kHeader || length > p->capacity || !valid_kind(p->data()[0]) || src < 0 || src >= runtime_.size() ||
+      route_[static_cast<std::size_t>(src)] != &l) {
     FERRY_LOG_AT(warn, runtime_.rank(), index_, "dropped a malformed packet of %zu bytes", length);
     pool_->put(p);
     return;

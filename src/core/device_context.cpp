@@ -51,32 +51,42 @@ DeviceContext::DeviceContext(RuntimeImpl& runtime, int index, const Config& conf
   }
   credits_max_ = config.send_credits != 0 ? config.send_credits : (send_queue != 0 ? send_queue : 256);
   credits_.store(static_cast<std::int64_t>(credits_max_), std::memory_order_relaxed);
-  // Fragments carry messages up to FERRY_FRAGMENT_MAX (or the packet's eager limit, if larger),
-  // never past an explicit rendezvous threshold; 32-bit offsets on the wire.
-  std::size_t limit = std::max(eager_limit_, config.fragment_max);
-  if (config.rdv_threshold != 0) limit = std::min(limit, config.rdv_threshold);
-  limit = std::min<std::size_t>(limit, std::numeric_limits<std::uint32_t>::max());
   links_.reserve(transports_.size());
   for (const auto& t : transports_) {
     const net::Caps& caps = t->caps();
     Link l{t.get(), caps.inject_size, &caps, nullptr, nullptr, 0, 0, 0};
-    if (config.fragment == FragmentMode::automatic && !caps.one_copy_get && caps.inject_size >= kMinFragmentInject &&
-        kHeader + limit > caps.inject_size) {
-      l.fragment_payload = std::min(caps.inject_size, kMaxFragmentFrame) - kFragmentHeader;
-      l.fragment_limit = limit;
-      fragment_limit_ = std::max(fragment_limit_, limit);
-    }
     // The packet slab is registered once per transport; the desc matters only under local_registration.
     l.pool_registration = t->register_memory(pool_->slab(), pool_->slab_bytes(), net::Access::send | net::Access::recv);
     l.pool_desc = caps.local_registration ? l.pool_registration->desc() : nullptr;
     links_.push_back(l);
   }
+  plan_fragments();
+  route_.resize(route.size(), nullptr);
+  for (std::size_t r = 0; r < route.size(); ++r) route_[r] = &links_[static_cast<std::size_t>(route[r])];
+}
+
+void DeviceContext::plan_fragments() {
+  // Fragments carry messages up to FERRY_FRAGMENT_MAX (or the packet's eager limit, if larger),
+  // never past an explicit rendezvous threshold; 32-bit offsets on the wire.
+  std::size_t limit = std::max(eager_limit_, config_.fragment_max);
+  if (config_.rdv_threshold != 0) limit = std::min(limit, config_.rdv_threshold);
+  limit = std::min<std::size_t>(limit, std::numeric_limits<std::uint32_t>::max());
+  fragment_limit_ = 0;
+  for (Link& l : links_) {
+    const net::Caps& caps = *l.caps;
+    l.fragment_payload = 0;
+    l.fragment_limit = 0;
+    if (config_.fragment == FragmentMode::automatic && !caps.one_copy_get && caps.inject_size >= kMinFragmentInject &&
+        kHeader + limit > caps.inject_size) {
+      l.fragment_payload = std::min(caps.inject_size, kMaxFragmentFrame) - kFragmentHeader;
+      l.fragment_limit = limit;
+      fragment_limit_ = std::max(fragment_limit_, limit);
+    }
+  }
   // A message is eager (sent at once, complete on return) only if it is eager on every link:
   // a caller that reuses its buffer at once must not meet a rendezvous on one of them.
   eager_everywhere_ = std::numeric_limits<std::size_t>::max();
   for (const Link& l : links_) eager_everywhere_ = std::min(eager_everywhere_, std::max(eager_limit_, l.fragment_limit));
-  route_.resize(route.size(), nullptr);
-  for (std::size_t r = 0; r < route.size(); ++r) route_[r] = &links_[static_cast<std::size_t>(route[r])];
 }
 
 DeviceContext::~DeviceContext() {

@@ -119,6 +119,10 @@ class alignas(cache_line) DeviceContext {
   void deliver(std::uint16_t target, Completion&& c) noexcept;
 
  protected:
+  // Decides which links fragment and the eager limits, from the transports' caps: at
+  // construction, and again once they are connected (a transport may learn then that a peer
+  // cannot be read in one copy).
+  void plan_fragments();
   // Runs the deferred steps (progress, under the poll lock).
   void run_deferred();
   // Teardown: operations of the context not yet complete (open records, sends awaiting their

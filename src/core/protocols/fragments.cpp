@@ -13,7 +13,7 @@
 namespace ferry::detail {
 
 Fragments::Fragments(DeviceContext& dc) : dc_(dc) {
-  if (dc.fragment_limit() != 0) partials_.reserve(64);
+  partials_.reserve(64);  // whether any link fragments is settled only once the transports are connected
 }
 
 Fragments::~Fragments() {

@@ -122,13 +122,18 @@ class OfiTransport final : public Transport {
     const ssize_t n = caps_.reports_source ? fi_cq_readfrom(endpoint_.cq(), entries, max, sources)
                                            : fi_cq_read(endpoint_.cq(), entries, max);
     if (n > 0) {
+      int out_n = 0;
       for (ssize_t i = 0; i < n; ++i) {
         const fi_cq_data_entry& e = entries[i];
-        Event& out = events[i];
+        const bool remote_write = (e.flags & FI_REMOTE_CQ_DATA) != 0 && (e.flags & FI_REMOTE_WRITE) != 0;
+        // Every post ferry makes carries a context: an entry without one (and not a remote
+        // write) is not ferry's to dispatch.
+        if (e.op_context == nullptr && !remote_write) continue;
+        Event& out = events[out_n++];
         out.length = e.len;
         out.error = 0;
         out.rank = caps_.reports_source ? rank_of(sources[i]) : -1;
-        out.remote_write = (e.flags & FI_REMOTE_CQ_DATA) != 0 && (e.flags & FI_REMOTE_WRITE) != 0;
+        out.remote_write = remote_write;
         out.data = e.data;
         // Only under FI_RX_CQ_DATA does a remote write consume a posted receive and carry its
         // context; otherwise op_context is the provider's own value (shm reports message ids
@@ -139,13 +144,16 @@ class OfiTransport final : public Transport {
           out.context = static_cast<detail::OpContext*>(e.op_context);
         }
       }
-      return static_cast<int>(n);
+      return out_n;
     }
     if (n != -FI_EAVAIL) return 0;
     fi_cq_err_entry err{};
     if (fi_cq_readerr(endpoint_.cq(), &err, 0) <= 0) return 0;
-    if (err.op_context == nullptr) {
-      FERRY_LOG(error, "error completion without a context: %s", fi_strerror(static_cast<int>(err.err)));
+    // A failed remote write at its target carries the provider's context, not ferry's (unless
+    // it used up a posted receive); and an entry without a context is nobody's to finish.
+    const bool remote_write = (err.flags & FI_REMOTE_WRITE) != 0;
+    if (err.op_context == nullptr || (remote_write && !caps_.remote_data_consumes_recv)) {
+      FERRY_LOG(error, "error completion without an operation of this rank: %s", fi_strerror(static_cast<int>(err.err)));
       return 0;
     }
     Event& out = events[0];

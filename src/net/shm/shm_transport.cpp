@@ -144,7 +144,7 @@ ShmTransport::ShmTransport(const ShmParams& p)
   // Measured (ferry-bench, 2 ranks, this transport): 12-16 KiB messages by rendezvous over
   // cross-memory attach beat 4 KiB fragments through the queues, 1.6 vs 2.1-2.6 us ping-pong
   // and 12.8 vs 9.2 GB/s streamed. In forced copy mode a get costs the target's progress.
-  caps_.one_copy_get = copy_ != ShmCopy::copy;
+  caps_.one_copy_get = copy_ != ShmCopy::copy;  // settled per peer by connect()
 }
 
 ShmTransport::~ShmTransport() = default;  // peers' mappings, then our own (unlinked if still linked)
@@ -200,6 +200,11 @@ void ShmTransport::connect(const std::vector<std::string>& addresses) {
         }
       }
     }
+  }
+  // A peer whose memory cannot be read in one copy needs fragments past a packet, so the
+  // transport offers one-copy gets only when every peer it reaches allows them.
+  for (int r = 0; r < size_; ++r) {
+    if (peers_[static_cast<std::size_t>(r)].mode == Mode::copy) caps_.one_copy_get = false;
   }
 }
 
