@@ -30,8 +30,15 @@ bool Rma::issue(RmaOp* op) {
   const std::size_t n = op->chunks.size();
   while (op->issued < n) {
     const bool last = op->issued == n - 1;
-    // A notifying put writes its last chunk with data only once every other chunk completed.
+    // A notifying put writes its last chunk with data only once every other chunk completed,
+    // and not at all when one of them failed: the target must never be told of data that is
+    // not there.
     if (last && op->notify && op->completed < n - 1) return false;
+    if (last && op->notify && op->error != 0) {
+      ++op->completed;
+      ++op->issued;
+      break;
+    }
     Chunk& c = op->chunks[op->issued];
     if (!dc_.take_credit()) return false;
     int rc;
@@ -131,9 +138,14 @@ Status Rma::post(const RmaRequest& r) {
   add_chunks(op->chunks, op, CtxKind::rma_chunk, r.local, op->registration != nullptr ? op->registration->desc() : nullptr,
              r.size, addr, r.remote.key, caps.max_rma_size);
   dc_.open_op();
+  // The deferred step owns the record: it issues the chunks as credits allow and finishes the
+  // operation once every chunk has completed (events only count them), so the record is freed
+  // in one place, after its last use. Steps and events both run under the poll lock.
   dc_.defer([this, op] {
     issue(op);
-    return op->issued == op->chunks.size();
+    if (op->completed < op->chunks.size()) return false;
+    finish(op);
+    return true;
   });
   return Status::make_posted();
 }
@@ -167,11 +179,7 @@ void Rma::on_chunk(Chunk* chunk, int error) {
   auto* op = static_cast<RmaOp*>(chunk->owner);
   dc_.return_credit();
   if (error != 0) op->error = error;
-  if (++op->completed == op->chunks.size()) {
-    finish(op);
-  } else if (error == 0 && op->notify && op->issued < op->chunks.size()) {
-    issue(op);  // the notifying chunk may be due now
-  }
+  ++op->completed;  // the deferred step finishes the operation (and issues a notifying last chunk)
 }
 
 }  // namespace ferry::detail
