@@ -244,7 +244,15 @@ class FerryParcelport final : public Parcelport {
     rt_.barrier();  // every rank listens before anyone sends
   }
 
-  ~FerryParcelport() override { rt_.finalize(); }
+  ~FerryParcelport() override {
+    rt_.finalize();
+    // Follow-ups the runtime completed while it shut down (a rendezvous whose FIN came during
+    // finalize's drain) left their completions in the queues: their records are freed here.
+    // No callback runs — the layer above is shutting down and must not be called back into.
+    for (auto& q : cqs_) {
+      while (auto c = q->pop()) discard(std::move(*c));
+    }
+  }
 
   int rank() const noexcept override { return rt_.rank(); }
   int size() const noexcept override { return rt_.size(); }
@@ -712,6 +720,19 @@ class FerryParcelport final : public Parcelport {
                    c.error_string().c_str());
     }
     finish_one(st, Status::make_done());
+  }
+
+  // A completion left after finalize: frees its record once its last follow-up is in.
+  void discard(Completion&& c) noexcept {
+    if (c.op == OpKind::remote_am || c.context == nullptr) return;  // a header: its buffers go with c
+    auto* st = static_cast<State*>(c.context);
+    if (st->kind == StateKind::send) {
+      auto* s = static_cast<SendState*>(st);
+      if (s->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) delete s;
+    } else if (st->kind == StateKind::recv) {
+      auto* r = static_cast<RecvState*>(st);
+      if (r->awaiting_nzc || r->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) delete r;
+    }
   }
 
   // One follow-up of `st` finished.
