@@ -111,21 +111,45 @@ void DeviceContext::defer(std::function<bool()> step) {
 void DeviceContext::run_deferred() {
   // Relaxed: a stale zero only postpones the work to the next progress call.
   if (deferred_count_.load(std::memory_order_relaxed) == 0) return;
-  std::vector<std::function<bool()>> work;
+  // Only progress runs steps, under the poll lock, so running_ has one user. Swapping the two
+  // vectors keeps both capacities: a busy device defers and runs steps without allocating.
   {
     std::unique_lock<std::mutex> guard(deferred_mutex_, std::try_to_lock);
     if (!guard.owns_lock()) return;
-    work.swap(deferred_);
+    running_.swap(deferred_);
     deferred_count_.store(0, std::memory_order_relaxed);
   }
-  std::vector<std::function<bool()>> again;
-  for (auto& step : work) {
-    if (!step()) again.push_back(std::move(step));
+  std::size_t kept = 0;  // the steps that still wait, moved to the front of running_ in order
+  for (std::size_t i = 0; i < running_.size(); ++i) {
+    bool went = false;
+    try {
+      went = running_[i]();
+    } catch (...) {
+      // The throwing step is dropped (its error propagates); the others keep waiting.
+      for (std::size_t j = i + 1; j < running_.size(); ++j) running_[kept++] = std::move(running_[j]);
+      running_.resize(kept);
+      requeue_running();
+      throw;
+    }
+    if (!went) {
+      if (kept != i) running_[kept] = std::move(running_[i]);
+      ++kept;
+    }
   }
-  if (!again.empty()) {
+  running_.resize(kept);
+  requeue_running();
+}
+
+void DeviceContext::requeue_running() {
+  if (!running_.empty()) {
     std::lock_guard<std::mutex> guard(deferred_mutex_);
-    for (auto& step : again) deferred_.push_back(std::move(step));
+    // The waiting steps are older than any deferred meanwhile: they keep their place in front.
+    for (auto& step : deferred_) running_.push_back(std::move(step));
+    deferred_.clear();
+    running_.swap(deferred_);
     deferred_count_.store(deferred_.size(), std::memory_order_relaxed);
+  } else {
+    running_.clear();
   }
 }
 

@@ -125,6 +125,8 @@ class alignas(cache_line) DeviceContext {
   void plan_fragments();
   // Runs the deferred steps (progress, under the poll lock).
   void run_deferred();
+  // Puts running_'s waiting steps back in front of any deferred meanwhile.
+  void requeue_running();
   // Teardown: operations of the context not yet complete (open records, sends awaiting their
   // completion, deferred steps).
   std::size_t context_in_flight() const noexcept;
@@ -149,6 +151,7 @@ class alignas(cache_line) DeviceContext {
   std::atomic<std::size_t> open_ops_{0};
   std::mutex deferred_mutex_;  // large-message path only; progress takes it with try_lock
   std::vector<std::function<bool()>> deferred_;
+  std::vector<std::function<bool()>> running_;  // run_deferred's batch (under the poll lock)
   std::atomic<std::size_t> deferred_count_{0};
 };
 

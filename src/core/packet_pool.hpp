@@ -111,6 +111,8 @@ struct alignas(cache_line) Packet {
   // The link of the one intrusive list that holds the packet, if any: a matching engine list
   // (recv, arrived) or the device's backlog (backlog).
   Packet* next;
+  // Its place in the order of the matching engine's entries (recv, arrived), set when queued.
+  std::uint64_t match_seq;
   std::uint32_t capacity;                // payload bytes
   std::uint32_t index;                   // position in the slab
   std::atomic<std::uint32_t> pool_next;  // the free-list link (read racily by poppers: atomic)

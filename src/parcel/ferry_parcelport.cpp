@@ -634,35 +634,47 @@ class FerryParcelport final : public Parcelport {
   // Runs the deferred steps in order, stopping at the first that still cannot go (follow-ups
   // of one parcel stay in order). One runner at a time (deferred_running_, a try-flag: acquire
   // on taking it, release on dropping it, so the next runner sees the list as this one left
-  // it). The steps run without the mutex: a step may defer() again (a header re-post, an
-  // upcall that sends), which appends behind the steps still waiting.
+  // it). The runner takes one step at a time off the front and runs it without the mutex: a
+  // step may defer() again (a header re-post, an upcall that sends), which appends at the back.
+  // A step that cannot go returns to the front, so a call costs the steps it runs, not the
+  // length of the list (thousands of parcels may wait behind a full queue).
   bool run_deferred() {
     // Relaxed: a stale zero only postpones the work to a later call.
     if (deferred_count_.load(std::memory_order_relaxed) == 0) return false;
     if (deferred_running_.exchange(true, std::memory_order_acquire)) return false;
-    std::deque<std::function<bool()>> batch;
-    {
-      std::lock_guard<std::mutex> g(deferred_mutex_);
-      batch.swap(deferred_);
-    }
-    struct PutBack {
-      FerryParcelport& t;
-      std::deque<std::function<bool()>>& batch;
-      ~PutBack() {
-        std::lock_guard<std::mutex> g(t.deferred_mutex_);
-        // The steps still waiting are older than anything deferred meanwhile: they go first.
-        for (auto it = batch.rbegin(); it != batch.rend(); ++it) t.deferred_.push_front(std::move(*it));
-        t.deferred_count_.store(t.deferred_.size(), std::memory_order_relaxed);
-        t.deferred_running_.store(false, std::memory_order_release);
-      }
-    } put_back{*this, batch};
+    struct Release {
+      std::atomic<bool>& running;
+      ~Release() { running.store(false, std::memory_order_release); }
+    } release{deferred_running_};
     bool any = false;
-    while (!batch.empty()) {
-      if (!batch.front()()) break;
-      batch.pop_front();
+    for (;;) {
+      std::function<bool()> step;
+      {
+        std::lock_guard<std::mutex> g(deferred_mutex_);
+        if (deferred_.empty()) break;
+        step = std::move(deferred_.front());
+        deferred_.pop_front();
+        deferred_count_.store(deferred_.size(), std::memory_order_relaxed);
+      }
+      bool went = false;
+      try {
+        went = step();
+      } catch (...) {
+        put_back(std::move(step));
+        throw;
+      }
+      if (!went) {
+        put_back(std::move(step));
+        break;
+      }
       any = true;
     }
     return any;
+  }
+  void put_back(std::function<bool()> step) {
+    std::lock_guard<std::mutex> g(deferred_mutex_);
+    deferred_.push_front(std::move(step));
+    deferred_count_.store(deferred_.size(), std::memory_order_relaxed);
   }
 
   // Everything that finished: the completion queue, and with completion=sync the header

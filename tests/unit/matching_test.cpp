@@ -240,6 +240,97 @@ TEST_F(Matching, DrainEmptiesBothLists) {
 // number of receives equals the number of messages, so at the end everything must be matched:
 // each message exactly once, with a receive of the same key, and nothing left in the engine.
 // (Only exact keys here: with wildcards a greedy matching can legitimately strand entries.)
+// Tags in one bucket (t and t + kBuckets) and in different buckets: the order rules hold
+// across the engine's lists, not only within one.
+TEST_F(Matching, OrderHoldsAcrossTagBuckets) {
+  constexpr ferry::Tag kB = MatchingEngine::kBuckets;
+  Packet* m1 = msg(1, 7 + kB, 1);  // same bucket as tag 7, different tag
+  Packet* m2 = msg(1, 9, 2);
+  Packet* m3 = msg(1, 7, 3);
+  for (Packet* m : {m1, m2, m3}) ASSERT_EQ(engine_.add_message(m), nullptr);
+  Packet* exact = recv(1, 7, 10);
+  EXPECT_EQ(msg_id(engine_.add_recv(exact)), 3u);  // passes over m1 in its bucket
+  Packet* wild = recv(any_source, any_tag, 11);
+  EXPECT_EQ(msg_id(engine_.add_recv(wild)), 1u);  // the oldest of all lists
+  Packet* wild2 = recv(1, any_tag, 12);
+  EXPECT_EQ(msg_id(engine_.add_recv(wild2)), 2u);
+
+  // A message meets the older of the tagged receive and the any_tag receive.
+  Packet* r_any = recv(1, any_tag, 20);
+  Packet* r_tag = recv(1, 9, 21);
+  ASSERT_EQ(engine_.add_recv(r_any), nullptr);
+  ASSERT_EQ(engine_.add_recv(r_tag), nullptr);
+  Packet* a = msg(1, 9, 30);
+  EXPECT_EQ(recv_id(engine_.add_message(a)), 20u);
+  Packet* b = msg(1, 9, 31);
+  EXPECT_EQ(recv_id(engine_.add_message(b)), 21u);
+  for (Packet* p : {m1, m2, m3, exact, wild, wild2, r_any, r_tag, a, b}) done(p);
+}
+
+// Random posts of receives and messages (wildcards, colliding tags) against a model that
+// keeps one list of each in order: the engine must make the same matches.
+TEST_F(Matching, AgreesWithASingleListModelOnRandomTraffic) {
+  struct Entry {
+    int rank;
+    ferry::Tag tag;
+    std::size_t id;
+  };
+  std::vector<Entry> model_recvs, model_msgs;
+  std::vector<Packet*> waiting;  // every packet the engine holds, to return at the end
+  std::mt19937 rng(12345);
+  constexpr ferry::Tag kB = MatchingEngine::kBuckets;
+  const ferry::Tag tags[] = {1, 2, 1 + kB, 2 + kB, 5, 1 + 2 * kB};
+  for (std::size_t id = 0; id < 4000; ++id) {
+    const int rank = static_cast<int>(rng() % 3);
+    const ferry::Tag tag = tags[rng() % std::size(tags)];
+    if (rng() % 2 == 0) {
+      const bool any_r = rng() % 5 == 0, any_t = rng() % 7 == 0;
+      const int want_rank = any_r ? any_source : rank;
+      const ferry::Tag want_tag = any_t ? any_tag : tag;
+      std::size_t expect = SIZE_MAX;
+      for (auto it = model_msgs.begin(); it != model_msgs.end(); ++it) {
+        if (ferry::detail::tags_match(want_rank, want_tag, it->rank, it->tag)) {
+          expect = it->id;
+          model_msgs.erase(it);
+          break;
+        }
+      }
+      if (expect == SIZE_MAX) model_recvs.push_back({want_rank, want_tag, id});
+      Packet* r = recv(want_rank, want_tag, id);
+      Packet* got = engine_.add_recv(r);
+      ASSERT_EQ(msg_id(got), expect) << "receive " << id;
+      if (got != nullptr) {
+        done(got);
+        done(r);
+      }
+    } else {
+      std::size_t expect = SIZE_MAX;
+      for (auto it = model_recvs.begin(); it != model_recvs.end(); ++it) {
+        if (ferry::detail::tags_match(it->rank, it->tag, rank, tag)) {
+          expect = it->id;
+          model_recvs.erase(it);
+          break;
+        }
+      }
+      if (expect == SIZE_MAX) model_msgs.push_back({rank, tag, id});
+      Packet* m = msg(rank, tag, id);
+      Packet* got = engine_.add_message(m);
+      ASSERT_EQ(recv_id(got), expect) << "message " << id;
+      if (got != nullptr) {
+        done(got);
+        done(m);
+      }
+    }
+    // Keep the engine's population bounded by the pools: drain both sides now and then.
+    if (model_recvs.size() + model_msgs.size() > 40) {
+      engine_.drain([&](Packet* p) { done(p); }, [&](Packet* p) { done(p); });
+      model_recvs.clear();
+      model_msgs.clear();
+    }
+  }
+  engine_.drain([&](Packet* p) { done(p); }, [&](Packet* p) { done(p); });
+}
+
 TEST(MatchingConcurrent, EveryMessageMatchedExactlyOnce) {
   constexpr int kThreads = 4;
   constexpr int kRanks = 4;
