@@ -290,7 +290,7 @@ struct RuntimeOptions {
 // How ranks find each other; `automatic` reads the launcher's variables (PMIX_RANK, PMI_FD).
 enum class BootstrapKind : std::uint8_t { automatic, single, pmi1, pmix };
 enum class LockModel : std::uint8_t { lockless, trylock, block, lockq, csync, offload };
-enum class FragmentMode : std::uint8_t { automatic, off };
+enum class FragmentMode : std::uint8_t { automatic, off, on };
 // Which backend reaches a peer: `automatic` is shared memory within a host, libfabric across.
 enum class TransportKind : std::uint8_t { automatic, shm, ofi };
 // How the shared-memory backend moves large data: `automatic` uses cross-memory attach where
@@ -318,7 +318,7 @@ struct RuntimeSettings {
   std::size_t cq_capacity = 0;
   std::size_t max_targets = 0;
   std::size_t rdv_threshold = 0;
-  FragmentMode fragment = FragmentMode::automatic;
+  FragmentMode fragment = FragmentMode::on;
   std::size_t fragment_max = 0;
   std::size_t recv_cache = 0;
   LockModel lock_model = LockModel::lockless;

@@ -76,7 +76,9 @@ void DeviceContext::plan_fragments() {
     const net::Caps& caps = *l.caps;
     l.fragment_payload = 0;
     l.fragment_limit = 0;
-    if (config_.fragment == FragmentMode::automatic && !caps.one_copy_get && caps.inject_size >= kMinFragmentInject &&
+    const bool wanted = config_.fragment == FragmentMode::on ||
+                        (config_.fragment == FragmentMode::automatic && !caps.one_copy_get);
+    if (wanted && caps.inject_size >= kMinFragmentInject &&
         kHeader + limit > caps.inject_size) {
       l.fragment_payload = std::min(caps.inject_size, kMaxFragmentFrame) - kFragmentHeader;
       l.fragment_limit = limit;

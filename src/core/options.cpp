@@ -227,10 +227,11 @@ const RuntimeOptionTable& runtime_option_table() {
           option({"rdv_threshold", "FERRY_RDV_THRESHOLD", T::size, "0", {}, 0, UINT64_MAX, nullptr,
                   "messages above this many bytes use rendezvous; 0: as large as a packet allows"},
                  &O::rdv_threshold, &S::rdv_threshold),
-          option({"fragment", "FERRY_FRAGMENT", T::choice, "auto", {"auto", "off"}, 0, 0, nullptr,
-                  "eager messages above the transport's inject size go as inject-size fragments: auto "
-                  "(when it injects >= 1 KiB and has no one-copy get: libfabric's shm, ferry's shm in copy "
-                  "mode), off (one transport send, or a rendezvous)"},
+          option({"fragment", "FERRY_FRAGMENT", T::choice, "on", {"auto", "off", "on"}, 0, 0, nullptr,
+                  "eager messages above the transport's inject size go as inject-size fragments: on (when "
+                  "it injects >= 1 KiB: libfabric's shm, ferry's shm), auto (the same, but only without a "
+                  "one-copy get: ferry's shm with cross-memory attach uses a rendezvous instead), off (one "
+                  "transport send, or a rendezvous)"},
                  &O::fragment, &S::fragment),
           option({"fragment_max", "FERRY_FRAGMENT_MAX", T::size, "16384", {}, 0, 1u << 30, nullptr,
                   "when fragmenting, messages up to this many bytes go as fragments, even past a packet "

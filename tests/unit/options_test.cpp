@@ -128,7 +128,7 @@ TEST_F(Env, DefaultsMatchTheOptionTable) {
   EXPECT_EQ(c.cq_capacity, 65536u);
   EXPECT_EQ(c.max_targets, 4096u);
   EXPECT_EQ(c.rdv_threshold, 0u);
-  EXPECT_EQ(c.fragment, ferry::FragmentMode::automatic);
+  EXPECT_EQ(c.fragment, ferry::FragmentMode::on);
   EXPECT_EQ(c.fragment_max, 16384u);
   EXPECT_EQ(c.lock_model, ferry::LockModel::lockless);
   EXPECT_EQ(c.completion, ferry::CompletionMechanism::cq);
@@ -209,14 +209,18 @@ TEST_F(Env, LogLevelIsOneOfItsNamesAndAnythingElseListsThem) {
   EXPECT_NE(what->find("off, error, warn, info, debug"), std::string::npos) << *what;
 }
 
-TEST_F(Env, FragmentIsAutoOrOffAndAnythingElseListsBoth) {
+TEST_F(Env, FragmentIsAutoOffOrOnAndAnythingElseListsThem) {
   set("FERRY_FRAGMENT", "off");
   EXPECT_EQ(resolve_config({}).fragment, ferry::FragmentMode::off);
+  set("FERRY_FRAGMENT", "auto");
+  EXPECT_EQ(resolve_config({}).fragment, ferry::FragmentMode::automatic);
+  set("FERRY_FRAGMENT", "on");
+  EXPECT_EQ(resolve_config({}).fragment, ferry::FragmentMode::on);
   set("FERRY_FRAGMENT", "always");
   const std::optional<std::string> what = error_of([] { (void)resolve_config({}); });
   ASSERT_TRUE(what.has_value());
   EXPECT_TRUE(contains(*what, "FERRY_FRAGMENT='always'")) << *what;
-  EXPECT_TRUE(contains(*what, "auto, off")) << *what;
+  EXPECT_TRUE(contains(*what, "auto, off, on")) << *what;
 }
 
 TEST_F(Env, ParcelQueuesIsSharedOrDeviceAndAnythingElseListsBoth) {
