@@ -305,8 +305,21 @@ void DeviceImpl::release_message(Packet* m) noexcept {
   pool_->put(m);
 }
 
-inline void DeviceImpl::on_recv(Link& l, Packet* p, std::size_t length) {
+inline void DeviceImpl::on_recv(Link& l, Packet* p, std::size_t length, const unsigned char* lent) {
   --l.posted_recvs;
+  // A lent message is still in memory its sender can write: the headers are copied into the
+  // packet first and checked there; only payload bytes are read from the loan.
+  const unsigned char* payload = p->data() + kFragmentHeader;
+  if (lent != nullptr) {
+    if (length > p->capacity) length = p->capacity + 1;  // dropped below, nothing copied
+    const std::size_t head = length < kFragmentHeader ? length : kFragmentHeader;
+    std::memcpy(p->data(), lent, head);
+    payload = lent + kFragmentHeader;
+    if (length <= p->capacity && p->data()[0] != static_cast<std::uint8_t>(MsgKind::frag) && length > head) {
+      std::memcpy(p->data() + head, lent + head, length - head);
+      payload = p->data() + kFragmentHeader;
+    }
+  }
   // The header comes from another process: its kind and sender are checked before use (the
   // sender indexes the route table).
   const std::int32_t src = length >= kHeader ? decode<WireHeader>(p->data()).src : -1;
@@ -319,7 +332,7 @@ inline void DeviceImpl::on_recv(Link& l, Packet* p, std::size_t length) {
   }
   p->arrived.length = static_cast<std::uint32_t>(length);
   if (p->data()[0] == static_cast<std::uint8_t>(MsgKind::frag)) {
-    const Fragments::Whole w = fragments_.on_fragment(p, length);
+    const Fragments::Whole w = fragments_.on_fragment(p, length, payload);
     if (w.packet == nullptr) return;
     if (w.heap != nullptr) on_heap_message(w.packet, w.heap, w.size); else on_packet(w.packet);
     return;
@@ -513,7 +526,7 @@ void DeviceImpl::on_event(Link& l, const net::Event& e) {
     case CtxKind::recv_packet: {
       auto* p = reinterpret_cast<Packet*>(ctx);
       if (err == 0) {
-        on_recv(l, p, e.length);
+        on_recv(l, p, e.length, e.lent);
         return;
       }
       --l.posted_recvs;
@@ -557,7 +570,7 @@ bool DeviceImpl::progress() {
       const net::Event& e = events[i];
       // The common event, an arrived message, skips the general dispatch.
       if (__builtin_expect(!e.remote_write && e.error == 0 && e.context->kind() == CtxKind::recv_packet, 1)) {
-        on_recv(l, reinterpret_cast<Packet*>(e.context), e.length);
+        on_recv(l, reinterpret_cast<Packet*>(e.context), e.length, e.lent);
       } else {
         on_event(l, e);
       }

@@ -128,7 +128,8 @@ class DeviceImpl : public DeviceContext {
   void match_message(Packet* p, MsgKind kind);
   // The one dispatch of every event a transport reports, success and error alike.
   void on_event(Link& link, const net::Event& e);
-  void on_recv(Link& link, Packet* p, std::size_t length);
+  // `lent`: the message's bytes in the transport's memory (Event::lent), or null when in p.
+  void on_recv(Link& link, Packet* p, std::size_t length, const unsigned char* lent);
   // `recv`: what a receive wants, from post_recv directly or from its queued descriptor.
   void deliver_message(const RecvDescriptor& recv, Packet* message);
   // An eager message packet's payload (after its header, or its heap block) and its release.

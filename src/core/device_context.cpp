@@ -58,6 +58,8 @@ DeviceContext::DeviceContext(RuntimeImpl& runtime, int index, const Config& conf
     // The packet slab is registered once per transport; the desc matters only under local_registration.
     l.pool_registration = t->register_memory(pool_->slab(), pool_->slab_bytes(), net::Access::send | net::Access::recv);
     l.pool_desc = caps.local_registration ? l.pool_registration->desc() : nullptr;
+    // Lent receives save reassembly a copy (cell to packet to message becomes cell to message).
+    (void)t->lend_receives();
     links_.push_back(l);
   }
   plan_fragments();

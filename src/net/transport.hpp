@@ -80,6 +80,10 @@ struct Event {
   std::int32_t rank = -1;   // the peer: the sender of a recv or remote_write, the target of a post; -1 unknown
   std::int32_t error = 0;   // 0, or a negative errno value (-EMSGSIZE: truncated, -ECANCELED, -EIO, ...)
   bool remote_write = false;
+  // A recv of a transport lending its receives (lend_receives()): the message's `length` bytes
+  // in the transport's own memory, readable until the next poll; the posted buffer is used up
+  // but was not written. Another process may still write there: copy before checking.
+  const unsigned char* lent = nullptr;
 };
 
 class Transport {
@@ -108,6 +112,10 @@ class Transport {
 
   // Up to `max` events; returns how many.
   virtual int poll(Event* events, int max) = 0;
+  // Asks for arrived messages in place (Event::lent) rather than copied into the posted
+  // buffers, so a receiver that moves the bytes elsewhere anyway (reassembly) copies once.
+  // Returns whether the transport does so from now on; the default does not.
+  virtual bool lend_receives() { return false; }
   // Registers [buf, buf+len). Throws ferry::Error naming the range on failure. The result
   // stays valid until deregister.
   virtual Registration* register_memory(const void* buf, std::size_t len, Access access) = 0;

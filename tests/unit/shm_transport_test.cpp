@@ -1,6 +1,7 @@
 // The shared-memory transport in one process talking to itself: parameters, caps, segment
 // lifetime, messages and truncation, many threads posting at once, copy-mode RMA (also from
 // many threads), malformed cells and foreign segments.
+#include <algorithm>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -110,6 +111,49 @@ TEST(ShmTransport, SelfMessagesEventsAndTruncation) {
   ASSERT_EQ(t->post_recv(b0.data(), b0.size(), nullptr, &r[0]), 0);
   t->cancel_all();
   EXPECT_EQ(t->poll(ev, 8), 0);
+}
+
+// Lending: a received message comes in its cell (the posted buffer stays untouched), the
+// cell stays out of the senders' reach until the next poll, a truncating receive still copies,
+// and a poll lends at most a bounded number of cells.
+TEST(ShmTransport, LentReceivesStayUntilTheNextPoll) {
+  auto t = make(0, 1, ShmCopy::automatic, 4);
+  t->connect({t->address()});
+  t->connected();
+  ASSERT_TRUE(t->lend_receives());
+  const std::uint64_t a = 0x1111, b = 0x2222;
+  std::vector<unsigned char> big(16);
+  fill(big.data(), big.size(), 9);
+  ASSERT_EQ(t->inject(0, &a, 8), 0);
+  ASSERT_EQ(t->inject(0, &b, 8), 0);
+  ASSERT_EQ(t->inject(0, big.data(), big.size()), 0);
+  OpContext r[3];
+  std::vector<unsigned char> b0(64, 0), b1(64, 0), b2(8, 0);
+  ASSERT_EQ(t->post_recv(b0.data(), b0.size(), nullptr, &r[0]), 0);
+  ASSERT_EQ(t->post_recv(b1.data(), b1.size(), nullptr, &r[1]), 0);
+  ASSERT_EQ(t->post_recv(b2.data(), b2.size(), nullptr, &r[2]), 0);
+  Event ev[8];
+  ASSERT_EQ(t->poll(ev, 8), 3);
+  ASSERT_NE(ev[0].lent, nullptr);
+  EXPECT_EQ(ev[0].context, &r[0]);
+  EXPECT_EQ(ev[0].length, 8u);
+  EXPECT_EQ(std::memcmp(ev[0].lent, &a, 8), 0);
+  EXPECT_EQ(std::memcmp(ev[1].lent, &b, 8), 0);
+  EXPECT_EQ(std::count(b0.begin(), b0.end(), 0), 64) << "a lent receive leaves its buffer alone";
+  EXPECT_EQ(ev[2].lent, nullptr) << "16 bytes for an 8-byte receive: copied and truncated";
+  EXPECT_EQ(ev[2].error, -EMSGSIZE);
+  EXPECT_EQ(check(b2.data(), 8, 9), 8u);
+  // Four cells in a ring: the next position's cell is free, the one after is still lent.
+  EXPECT_EQ(t->inject(0, &a, 8), 0);
+  EXPECT_EQ(t->inject(0, &a, 8), -EAGAIN);
+  // The next poll (no receive posted: that message waits) gives the lent cells back, so the
+  // three cells before the waiting one take messages again.
+  EXPECT_EQ(t->poll(ev, 8), 0);
+  EXPECT_EQ(t->inject(0, &b, 8), 0);
+  EXPECT_EQ(t->inject(0, &b, 8), 0);
+  EXPECT_EQ(t->inject(0, &b, 8), 0);
+  EXPECT_EQ(t->inject(0, &b, 8), -EAGAIN);
+  t->cancel_all();
 }
 
 // A put_data whose target queue is full: the write stands, and the notice and the event

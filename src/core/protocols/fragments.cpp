@@ -113,7 +113,7 @@ bool Fragments::flush() {
   return true;
 }
 
-Fragments::Whole Fragments::on_fragment(Packet* p, std::size_t length) {
+Fragments::Whole Fragments::on_fragment(Packet* p, std::size_t length, const unsigned char* payload) {
   unsigned char* d = p->data();
   const auto h = decode<WireHeader>(d);
   // Too short to hold a FragBody: offset > total marks it malformed below.
@@ -129,7 +129,7 @@ Fragments::Whole Fragments::on_fragment(Packet* p, std::size_t length) {
   }
   for (Partial& m : partials_) {
     if (m.src != h.src || m.id != h.aux) continue;
-    std::memcpy((m.heap != nullptr ? m.heap : m.packet->data() + kHeader) + f.offset, d + kFragmentHeader, n);
+    std::memcpy((m.heap != nullptr ? m.heap : m.packet->data() + kHeader) + f.offset, payload, n);
     dc_.pool().put(p);
     m.received += static_cast<std::uint32_t>(n);
     if (m.received < f.total) return {};
@@ -148,14 +148,14 @@ Fragments::Whole Fragments::on_fragment(Packet* p, std::size_t length) {
       dc_.pool().put(p);
       return {};
     }
-    std::memcpy(heap + f.offset, d + kFragmentHeader, n);
+    std::memcpy(heap + f.offset, payload, n);
     encode(d, WireHeader{kind, 0, h.target, h.src, h.tag, 0});
     partials_.push_back(Partial{h.src, h.aux, p, heap, static_cast<std::uint32_t>(n)});
     return {};
   }
   // The first piece to arrive: its packet becomes the message (header of the message's own
   // kind, payload at its offset), so reassembly takes no buffer of its own.
-  std::memmove(d + kHeader + f.offset, d + kFragmentHeader, n);
+  std::memmove(d + kHeader + f.offset, payload, n);
   encode(d, WireHeader{kind, 0, h.target, h.src, h.tag, 0});
   if (n == f.total) {
     p->arrived.length = static_cast<std::uint32_t>(kHeader + n);

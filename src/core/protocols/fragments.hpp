@@ -52,8 +52,10 @@ class Fragments {
     unsigned char* heap = nullptr;
     std::size_t size = 0;
   };
-  // Takes an arrived piece (its packet is consumed).
-  Whole on_fragment(Packet* p, std::size_t length);
+  // Takes an arrived piece (its packet is consumed). The packet holds the piece's headers;
+  // its `length - kFragmentHeader` payload bytes are at `payload`: in the packet, or in a
+  // transport's lent memory, from where they go straight to the message being gathered.
+  Whole on_fragment(Packet* p, std::size_t length, const unsigned char* payload);
 
  private:
   DeviceContext& dc_;

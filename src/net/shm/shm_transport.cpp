@@ -615,8 +615,16 @@ bool ShmTransport::on_get_reply(CellHeader* c, std::uint32_t len, int src, Event
 
 // --- Progress ------------------------------------------------------------------------------
 
+bool ShmTransport::lend_receives() {
+  lending_ = true;
+  return true;
+}
+
 int ShmTransport::poll(Event* events, int max) {
   int n = 0;
+  // The caller is done with what the last poll lent.
+  for (int i = 0; i < lent_count_; ++i) rx_.release(lent_cells_[i], lent_positions_[i]);
+  lent_count_ = 0;
   progress_puts();  // copy-mode puts, and notices that did not fit at post
   if (!serves_.empty()) progress_serves();
   while (n < max) {
@@ -648,15 +656,28 @@ int ShmTransport::poll(Event* events, int max) {
             waiting = true;
             continue;  // skips the release below: the cell stays at the head
           }
+          const bool lend = lending_ && len <= r->len;
+          if (lend && lent_count_ == kMaxLent) {
+            waiting = true;  // the next poll releases the lent cells, then lends again
+            continue;
+          }
           recv_head_ = r->next;
           if (recv_head_ == nullptr) recv_tail_ = nullptr;
-          const std::size_t copied = len <= r->len ? len : r->len;
-          if (copied > 0) std::memcpy(r->buf, cell_payload(c), copied);
           Event& ev = events[n++];
           ev = Event{};
           ev.context = r->ctx;
-          ev.length = copied;
           ev.rank = src;
+          if (lend) {
+            ev.length = len;
+            ev.lent = cell_payload(c);
+            lent_cells_[lent_count_] = c;
+            lent_positions_[lent_count_++] = head_;
+            ++head_;
+            continue;  // the cell stays the caller's until the next poll
+          }
+          const std::size_t copied = len <= r->len ? len : r->len;
+          if (copied > 0) std::memcpy(r->buf, cell_payload(c), copied);
+          ev.length = copied;
           ev.error = len <= r->len ? 0 : -EMSGSIZE;
           break;
         }

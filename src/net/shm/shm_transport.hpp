@@ -124,6 +124,7 @@ class ShmTransport final : public Transport {
   int get(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
           detail::OpContext* ctx) override;
   int poll(Event* events, int max) override;
+  bool lend_receives() override;
   Registration* register_memory(const void* buf, std::size_t len, Access access) override;
   void deregister(Registration* r) noexcept override;
   void cancel_all() noexcept override;
@@ -185,6 +186,13 @@ class ShmTransport final : public Transport {
   detail::MpscQueue<DoneNode> done_;  // local completions (any thread pushes, poll pops)
   RecvNode* recv_head_ = nullptr;      // posted receives, FIFO (poll-lock holder)
   RecvNode* recv_tail_ = nullptr;
+  // Lending (poll-lock holder): the cells the last poll lent, released by the next poll. Until
+  // then their senders see those cells as full, so a poll lends at most kMaxLent.
+  static constexpr int kMaxLent = 64;
+  bool lending_ = false;
+  int lent_count_ = 0;
+  CellHeader* lent_cells_[kMaxLent] = {};
+  std::uint64_t lent_positions_[kMaxLent] = {};
 
   detail::MpscQueue<PutNode> outbound_;  // puts that did not fit the target's queue at post
   PutNode* puts_head_ = nullptr;          // ... taken over by poll, in order (poll-lock holder)
