@@ -54,7 +54,7 @@ DeviceContext::DeviceContext(RuntimeImpl& runtime, int index, const Config& conf
   links_.reserve(transports_.size());
   for (const auto& t : transports_) {
     const net::Caps& caps = t->caps();
-    Link l{t.get(), caps.inject_size, &caps, nullptr, nullptr, 0, 0, 0};
+    Link l{t.get(), caps.inject_size, caps.gather_inject ? caps.inject_size : 0, &caps, nullptr, nullptr, 0, 0, 0};
     // The packet slab is registered once per transport; the desc matters only under local_registration.
     l.pool_registration = t->register_memory(pool_->slab(), pool_->slab_bytes(), net::Access::send | net::Access::recv);
     l.pool_desc = caps.local_registration ? l.pool_registration->desc() : nullptr;
@@ -82,7 +82,8 @@ void DeviceContext::plan_fragments() {
                         (config_.fragment == FragmentMode::automatic && !caps.one_copy_get);
     if (wanted && caps.inject_size >= kMinFragmentInject &&
         kHeader + limit > caps.inject_size) {
-      l.fragment_payload = std::min(caps.inject_size, kMaxFragmentFrame) - kFragmentHeader;
+      l.fragment_payload =
+          (caps.gather_inject ? caps.inject_size : std::min(caps.inject_size, kMaxFragmentFrame)) - kFragmentHeader;
       l.fragment_limit = limit;
       fragment_limit_ = std::max(fragment_limit_, limit);
     }

@@ -31,13 +31,15 @@ class RuntimeImpl;
 
 inline constexpr std::size_t kHeader = sizeof(WireHeader);
 inline constexpr std::size_t kFragmentHeader = kHeader + sizeof(FragBody);
-// A fragment is built on the stack: at most this many bytes, whatever the inject size.
+// Without a gathering transport a fragment is built on the stack: at most this many bytes,
+// whatever the inject size. A transport that gathers takes fragments as large as it injects.
 inline constexpr std::size_t kMaxFragmentFrame = 4096;
 
 // The device's record of one transport.
 struct Link {
   net::Transport* transport;
   std::size_t inject_size;  // caps->inject_size, kept here: the small path reads it on every post
+  std::size_t gather_size;  // inject_size where the transport gathers (Caps::gather_inject), else 0
   const net::Caps* caps;
   net::Registration* pool_registration;  // the packet slab
   void* pool_desc;                       // its desc() under local_registration, else null

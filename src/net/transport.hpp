@@ -22,6 +22,7 @@
 //  - OpContext::backend (64 bytes) belongs to the backend from the post until its event.
 #pragma once
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -46,6 +47,9 @@ struct Caps {
   // get moves data in one copy at once, with no work by the target (cross-memory attach):
   // messages past a packet go by rendezvous, which then beats fragments through the queues.
   bool one_copy_get = false;
+  // inject_parts() copies a header and a body from separate buffers straight into the message,
+  // so the caller need not first assemble them in one frame.
+  bool gather_inject = false;
 };
 
 // What a registration allows.
@@ -100,6 +104,11 @@ class Transport {
   virtual void connected() {}
 
   virtual int inject(int rank, const void* buf, std::size_t len) = 0;
+  // inject() of [head][body], head_len + body_len <= inject_size; only where caps().gather_inject.
+  virtual int inject_parts(int /*rank*/, const void* /*head*/, std::size_t /*head_len*/, const void* /*body*/,
+                           std::size_t /*body_len*/) {
+    return -ENOSYS;
+  }
   virtual int send(int rank, const void* buf, std::size_t len, void* desc, detail::OpContext* ctx) = 0;
   virtual int post_recv(void* buf, std::size_t len, void* desc, detail::OpContext* ctx) = 0;
   virtual int put(int rank, const void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,

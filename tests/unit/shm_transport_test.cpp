@@ -38,6 +38,7 @@ TEST(ShmTransport, CapsDescribeTheTransport) {
   EXPECT_TRUE(c.rma_virtual_address);
   EXPECT_FALSE(c.local_registration);
   EXPECT_FALSE(c.remote_data_consumes_recv);
+  EXPECT_TRUE(c.gather_inject);
   EXPECT_EQ(t->address().rfind("shm1;/ferry-" + std::to_string(getpid()) + "-3-", 0), 0u) << t->address();
 }
 
@@ -111,6 +112,32 @@ TEST(ShmTransport, SelfMessagesEventsAndTruncation) {
   ASSERT_EQ(t->post_recv(b0.data(), b0.size(), nullptr, &r[0]), 0);
   t->cancel_all();
   EXPECT_EQ(t->poll(ev, 8), 0);
+}
+
+// inject_parts: the header and the body land back to back in one message; the sum is held to
+// the inject size.
+TEST(ShmTransport, InjectPartsGathersHeaderAndBody) {
+  auto t = make(0, 1, ShmCopy::automatic);
+  t->connect({t->address()});
+  t->connected();
+  const unsigned char head[3] = {1, 2, 3};
+  std::vector<unsigned char> body(kPayload - 3);
+  fill(body.data(), body.size(), 7);
+  ASSERT_EQ(t->inject_parts(0, head, 3, body.data(), body.size()), 0);
+  EXPECT_EQ(t->inject_parts(0, head, 3, body.data(), body.size() + 1), -EMSGSIZE);
+  EXPECT_EQ(t->inject_parts(1, head, 3, body.data(), 1), -EHOSTUNREACH);
+  ASSERT_EQ(t->inject_parts(0, nullptr, 0, nullptr, 0), 0);
+  OpContext r[2];
+  std::vector<unsigned char> b(kPayload, 0), e(8, 0xee);
+  ASSERT_EQ(t->post_recv(b.data(), b.size(), nullptr, &r[0]), 0);
+  ASSERT_EQ(t->post_recv(e.data(), e.size(), nullptr, &r[1]), 0);
+  Event ev[4];
+  ASSERT_EQ(t->poll(ev, 4), 2);
+  EXPECT_EQ(ev[0].length, kPayload);
+  EXPECT_EQ(std::memcmp(b.data(), head, 3), 0);
+  EXPECT_EQ(check(b.data() + 3, body.size(), 7), body.size());
+  EXPECT_EQ(ev[1].length, 0u);
+  EXPECT_EQ(ev[1].error, 0);
 }
 
 // Lending: a received message comes in its cell (the posted buffer stays untouched), the

@@ -1,7 +1,8 @@
 // eager.hpp — the small-message protocol: header and payload in one transport message.
 //
-// A message whose header and payload the transport injects (copies at once), up to the stack
-// frame's size, is assembled on the stack and injected: no packet, no completion. A larger one
+// A message whose header and payload the transport injects (copies at once) goes without a
+// packet or a completion: a transport that gathers takes the header and the caller's buffer as
+// two parts; otherwise, up to the stack frame's size, the two are assembled on the stack. A larger one
 // goes through a pool packet and the transport's send (or inject), whose completion returns
 // the packet. Either way the post completes at once. No allocation, no blocking lock.
 #pragma once
@@ -20,10 +21,15 @@ inline constexpr std::size_t kStackInject = 256;
 // Injects [header][buffer] from a stack frame; kHeader + size <= kStackInject and the link's inject size.
 Status inject_small(DeviceContext& dc, Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank,
                     const void* buffer, std::size_t size);
+// Injects the header and the caller's buffer as two parts; kHeader + size <= l.gather_size.
+Status inject_gathered(DeviceContext& dc, Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank,
+                       const void* buffer, std::size_t size);
 
 // Sends an eager am or msg of `size` <= dc.packet_eager_limit() payload bytes to `rank` over `l`.
 inline Status post_eager(DeviceContext& dc, Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank,
                          const void* buffer, std::size_t size) {
+  // A gathering transport copies the payload once, from the caller's buffer into the message.
+  if (kHeader + size <= l.gather_size) return inject_gathered(dc, l, kind, target, tag, rank, buffer, size);
   if (kHeader + size <= kStackInject && kHeader + size <= l.inject_size) {
     return inject_small(dc, l, kind, target, tag, rank, buffer, size);
   }

@@ -42,8 +42,13 @@ Status Fragments::post(Link& l, MsgKind kind, std::uint16_t target, Tag tag, int
   for (std::size_t off = 0; off < size; off += payload) {
     const std::size_t n = std::min(payload, size - off);
     encode(frame + kHeader, FragBody{static_cast<std::uint32_t>(off), static_cast<std::uint32_t>(size)});
-    std::memcpy(frame + kFragmentHeader, src + off, n);
-    const int rc = l.transport->inject(rank, frame, kFragmentHeader + n);
+    int rc;
+    if (l.gather_size != 0) {  // straight from the caller's buffer into the message
+      rc = l.transport->inject_parts(rank, frame, kFragmentHeader, src + off, n);
+    } else {
+      std::memcpy(frame + kFragmentHeader, src + off, n);
+      rc = l.transport->inject(rank, frame, kFragmentHeader + n);
+    }
     if (rc == 0) continue;
     if (rc != -EAGAIN || off == 0) {
       dc_.pool().put(spare);

@@ -125,6 +125,7 @@ class ShmTransport final : public Transport {
           detail::OpContext* ctx) override;
   int poll(Event* events, int max) override;
   bool lend_receives() override;
+  int inject_parts(int rank, const void* head, std::size_t head_len, const void* body, std::size_t body_len) override;
   Registration* register_memory(const void* buf, std::size_t len, Access access) override;
   void deregister(Registration* r) noexcept override;
   void cancel_all() noexcept override;
