@@ -311,13 +311,16 @@ inline void DeviceImpl::on_recv(Link& l, Packet* p, std::size_t length, const un
   // packet first and checked there; only payload bytes are read from the loan.
   const unsigned char* payload = p->data() + kFragmentHeader;
   if (lent != nullptr) {
-    if (length > p->capacity) length = p->capacity + 1;  // dropped below, nothing copied
-    const std::size_t head = length < kFragmentHeader ? length : kFragmentHeader;
-    std::memcpy(p->data(), lent, head);
-    payload = lent + kFragmentHeader;
-    if (length <= p->capacity && p->data()[0] != static_cast<std::uint8_t>(MsgKind::frag) && length > head) {
-      std::memcpy(p->data() + head, lent + head, length - head);
-      payload = p->data() + kFragmentHeader;
+    if (length > p->capacity) {
+      length = p->capacity + 1;  // dropped below, nothing copied
+    } else if (length >= kFragmentHeader && lent[0] == static_cast<std::uint8_t>(MsgKind::frag)) {
+      // Only the headers: the payload goes from the loan to the message being gathered.
+      std::memcpy(p->data(), lent, kFragmentHeader);
+      payload = lent + kFragmentHeader;
+      // The kind byte was read twice; if the sender changed it between, the packet is dropped.
+      if (p->data()[0] != static_cast<std::uint8_t>(MsgKind::frag)) length = p->capacity + 1;
+    } else {
+      std::memcpy(p->data(), lent, length);
     }
   }
   // The header comes from another process: its kind and sender are checked before use (the

@@ -86,7 +86,8 @@ struct Event {
   bool remote_write = false;
   // A recv of a transport lending its receives (lend_receives()): the message's `length` bytes
   // in the transport's own memory, readable until the next poll; the posted buffer is used up
-  // but was not written. Another process may still write there: copy before checking.
+  // but was not written. Another process may still write there: copy before checking. (A
+  // transport may still copy some messages, small ones say, into the posted buffer.)
   const unsigned char* lent = nullptr;
 };
 

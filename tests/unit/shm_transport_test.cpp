@@ -141,45 +141,48 @@ TEST(ShmTransport, InjectPartsGathersHeaderAndBody) {
 }
 
 // Lending: a received message comes in its cell (the posted buffer stays untouched), the
-// cell stays out of the senders' reach until the next poll, a truncating receive still copies,
-// and a poll lends at most a bounded number of cells.
+// cell stays out of the senders' reach until the next poll; a truncating receive and a small
+// message are still copied.
 TEST(ShmTransport, LentReceivesStayUntilTheNextPoll) {
   auto t = make(0, 1, ShmCopy::automatic, 4);
   t->connect({t->address()});
   t->connected();
   ASSERT_TRUE(t->lend_receives());
-  const std::uint64_t a = 0x1111, b = 0x2222;
-  std::vector<unsigned char> big(16);
-  fill(big.data(), big.size(), 9);
-  ASSERT_EQ(t->inject(0, &a, 8), 0);
-  ASSERT_EQ(t->inject(0, &b, 8), 0);
+  std::vector<unsigned char> a(512), b(512), big(600);
+  fill(a.data(), a.size(), 1);
+  fill(b.data(), b.size(), 2);
+  fill(big.data(), big.size(), 3);
+  const std::uint64_t eight = 0x0123456789abcdefULL;
+  ASSERT_EQ(t->inject(0, a.data(), a.size()), 0);
+  ASSERT_EQ(t->inject(0, b.data(), b.size()), 0);
   ASSERT_EQ(t->inject(0, big.data(), big.size()), 0);
-  OpContext r[3];
-  std::vector<unsigned char> b0(64, 0), b1(64, 0), b2(8, 0);
+  ASSERT_EQ(t->inject(0, &eight, 8), 0);
+  OpContext r[4];
+  std::vector<unsigned char> b0(512, 0), b1(512, 0), b2(512, 0), b3(8, 0);
   ASSERT_EQ(t->post_recv(b0.data(), b0.size(), nullptr, &r[0]), 0);
   ASSERT_EQ(t->post_recv(b1.data(), b1.size(), nullptr, &r[1]), 0);
   ASSERT_EQ(t->post_recv(b2.data(), b2.size(), nullptr, &r[2]), 0);
+  ASSERT_EQ(t->post_recv(b3.data(), b3.size(), nullptr, &r[3]), 0);
   Event ev[8];
-  ASSERT_EQ(t->poll(ev, 8), 3);
+  ASSERT_EQ(t->poll(ev, 8), 4);
   ASSERT_NE(ev[0].lent, nullptr);
   EXPECT_EQ(ev[0].context, &r[0]);
-  EXPECT_EQ(ev[0].length, 8u);
-  EXPECT_EQ(std::memcmp(ev[0].lent, &a, 8), 0);
-  EXPECT_EQ(std::memcmp(ev[1].lent, &b, 8), 0);
-  EXPECT_EQ(std::count(b0.begin(), b0.end(), 0), 64) << "a lent receive leaves its buffer alone";
-  EXPECT_EQ(ev[2].lent, nullptr) << "16 bytes for an 8-byte receive: copied and truncated";
+  EXPECT_EQ(ev[0].length, 512u);
+  EXPECT_EQ(check(ev[0].lent, 512, 1), 512u);
+  ASSERT_NE(ev[1].lent, nullptr);
+  EXPECT_EQ(check(ev[1].lent, 512, 2), 512u);
+  EXPECT_EQ(std::count(b0.begin(), b0.end(), 0), 512) << "a lent receive leaves its buffer alone";
+  EXPECT_EQ(ev[2].lent, nullptr) << "600 bytes for a 512-byte receive: copied and truncated";
   EXPECT_EQ(ev[2].error, -EMSGSIZE);
-  EXPECT_EQ(check(b2.data(), 8, 9), 8u);
-  // Four cells in a ring: the next position's cell is free, the one after is still lent.
-  EXPECT_EQ(t->inject(0, &a, 8), 0);
-  EXPECT_EQ(t->inject(0, &a, 8), -EAGAIN);
-  // The next poll (no receive posted: that message waits) gives the lent cells back, so the
-  // three cells before the waiting one take messages again.
+  EXPECT_EQ(check(b2.data(), 512, 3), 512u);
+  EXPECT_EQ(ev[3].lent, nullptr) << "8 bytes are copied, not lent";
+  EXPECT_EQ(std::memcmp(b3.data(), &eight, 8), 0);
+  // Four cells in a ring, the first two still lent: the queue is full until the next poll.
+  EXPECT_EQ(t->inject(0, &eight, 8), -EAGAIN);
+  // The next poll (nothing posted, nothing queued) gives the lent cells back: all four free.
   EXPECT_EQ(t->poll(ev, 8), 0);
-  EXPECT_EQ(t->inject(0, &b, 8), 0);
-  EXPECT_EQ(t->inject(0, &b, 8), 0);
-  EXPECT_EQ(t->inject(0, &b, 8), 0);
-  EXPECT_EQ(t->inject(0, &b, 8), -EAGAIN);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(t->inject(0, &eight, 8), 0) << i;
+  EXPECT_EQ(t->inject(0, &eight, 8), -EAGAIN);
   t->cancel_all();
 }
 

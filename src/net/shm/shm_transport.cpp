@@ -674,7 +674,8 @@ int ShmTransport::poll(Event* events, int max) {
             waiting = true;
             continue;  // skips the release below: the cell stays at the head
           }
-          const bool lend = lending_ && len <= r->len;
+          // A few cache lines are cheaper to copy at once than to lend and account for.
+          const bool lend = lending_ && len > kLendAbove && len <= r->len;
           if (lend && lent_count_ == kMaxLent) {
             waiting = true;  // the next poll releases the lent cells, then lends again
             continue;

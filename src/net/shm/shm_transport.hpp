@@ -190,6 +190,7 @@ class ShmTransport final : public Transport {
   // Lending (poll-lock holder): the cells the last poll lent, released by the next poll. Until
   // then their senders see those cells as full, so a poll lends at most kMaxLent.
   static constexpr int kMaxLent = 64;
+  static constexpr std::uint32_t kLendAbove = 256;  // smaller messages are copied, not lent
   bool lending_ = false;
   int lent_count_ = 0;
   CellHeader* lent_cells_[kMaxLent] = {};
