@@ -13,6 +13,7 @@ packages=(
   googletest libgtest-dev libgmock-dev # tests
   python3-matplotlib                   # plots (used by /usr/bin/python3)
   procps psmisc                        # ps / pkill for the launcher tests
+  iproute2 util-linux                  # ip netns / unshare: the two-host tests in network namespaces
   valgrind                             # instruction counts (callgrind-am.sh, lock-evidence.sh)
 )
 missing=()
