@@ -305,24 +305,27 @@ void DeviceImpl::release_message(Packet* m) noexcept {
   pool_->put(m);
 }
 
-inline void DeviceImpl::on_recv(Link& l, Packet* p, std::size_t length, const unsigned char* lent) {
-  --l.posted_recvs;
-  // A lent message is still in memory its sender can write: the headers are copied into the
-  // packet first and checked there; only payload bytes are read from the loan.
+// A lent message is still in memory its sender can write: the headers are copied into the
+// packet first and checked there; only payload bytes are read from the loan.
+void DeviceImpl::on_lent(Link& l, Packet* p, std::size_t length, const unsigned char* lent) {
   const unsigned char* payload = p->data() + kFragmentHeader;
-  if (lent != nullptr) {
-    if (length > p->capacity) {
-      length = p->capacity + 1;  // dropped below, nothing copied
-    } else if (length >= kFragmentHeader && lent[0] == static_cast<std::uint8_t>(MsgKind::frag)) {
-      // Only the headers: the payload goes from the loan to the message being gathered.
-      std::memcpy(p->data(), lent, kFragmentHeader);
-      payload = lent + kFragmentHeader;
-      // The kind byte was read twice; if the sender changed it between, the packet is dropped.
-      if (p->data()[0] != static_cast<std::uint8_t>(MsgKind::frag)) length = p->capacity + 1;
-    } else {
-      std::memcpy(p->data(), lent, length);
-    }
+  if (length > p->capacity) {
+    length = p->capacity + 1;  // dropped by on_recv, nothing copied
+  } else if (length >= kFragmentHeader && lent[0] == static_cast<std::uint8_t>(MsgKind::frag)) {
+    // Only the headers: the payload goes from the loan to the message being gathered.
+    std::memcpy(p->data(), lent, kFragmentHeader);
+    payload = lent + kFragmentHeader;
+    // The kind byte was read twice; if the sender changed it between, the packet is dropped.
+    if (p->data()[0] != static_cast<std::uint8_t>(MsgKind::frag)) length = p->capacity + 1;
+  } else {
+    std::memcpy(p->data(), lent, length);
   }
+  on_recv(l, p, length, payload);
+}
+
+// `payload`: where a fragment's payload bytes are (in the packet, or lent by the transport).
+inline void DeviceImpl::on_recv(Link& l, Packet* p, std::size_t length, const unsigned char* payload) {
+  --l.posted_recvs;
   // The header comes from another process: its kind and sender are checked before use (the
   // sender indexes the route table).
   const std::int32_t src = length >= kHeader ? decode<WireHeader>(p->data()).src : -1;
@@ -529,7 +532,7 @@ void DeviceImpl::on_event(Link& l, const net::Event& e) {
     case CtxKind::recv_packet: {
       auto* p = reinterpret_cast<Packet*>(ctx);
       if (err == 0) {
-        on_recv(l, p, e.length, e.lent);
+        if (e.lent != nullptr) on_lent(l, p, e.length, e.lent); else on_recv(l, p, e.length, p->data() + kFragmentHeader);
         return;
       }
       --l.posted_recvs;
@@ -573,7 +576,8 @@ bool DeviceImpl::progress() {
       const net::Event& e = events[i];
       // The common event, an arrived message, skips the general dispatch.
       if (__builtin_expect(!e.remote_write && e.error == 0 && e.context->kind() == CtxKind::recv_packet, 1)) {
-        on_recv(l, reinterpret_cast<Packet*>(e.context), e.length, e.lent);
+        auto* p = reinterpret_cast<Packet*>(e.context);
+        if (e.lent != nullptr) on_lent(l, p, e.length, e.lent); else on_recv(l, p, e.length, p->data() + kFragmentHeader);
       } else {
         on_event(l, e);
       }

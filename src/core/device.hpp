@@ -128,8 +128,10 @@ class DeviceImpl : public DeviceContext {
   void match_message(Packet* p, MsgKind kind);
   // The one dispatch of every event a transport reports, success and error alike.
   void on_event(Link& link, const net::Event& e);
-  // `lent`: the message's bytes in the transport's memory (Event::lent), or null when in p.
-  void on_recv(Link& link, Packet* p, std::size_t length, const unsigned char* lent);
+  // `payload`: a fragment's payload bytes, in p or in the transport's memory (on_lent).
+  void on_recv(Link& link, Packet* p, std::size_t length, const unsigned char* payload);
+  // A received message lent by its transport (Event::lent): copied in, then on_recv.
+  void on_lent(Link& link, Packet* p, std::size_t length, const unsigned char* lent);
   // `recv`: what a receive wants, from post_recv directly or from its queued descriptor.
   void deliver_message(const RecvDescriptor& recv, Packet* message);
   // An eager message packet's payload (after its header, or its heap block) and its release.
