@@ -45,7 +45,7 @@ struct Caps {
   bool remote_data_consumes_recv = false;  // a put_data's target event uses up a posted receive
   bool reports_source = true;       // events of received messages and remote writes name the rank
   // get moves data in one copy at once, with no work by the target (cross-memory attach):
-  // messages past a packet go by rendezvous, which then beats fragments through the queues.
+  // with FERRY_FRAGMENT=auto messages past a packet then go by rendezvous, not fragments.
   bool one_copy_get = false;
   // inject_parts() copies a header and a body from separate buffers straight into the message,
   // so the caller need not first assemble them in one frame.

@@ -142,9 +142,10 @@ ShmTransport::ShmTransport(const ShmParams& p)
   caps_.remote_data_consumes_recv = false;
   caps_.reports_source = true;
   caps_.gather_inject = true;
-  // Measured (ferry-bench, 2 ranks, this transport): 12-16 KiB messages by rendezvous over
-  // cross-memory attach beat 4 KiB fragments through the queues, 1.6 vs 2.1-2.6 us ping-pong
-  // and 12.8 vs 9.2 GB/s streamed. In forced copy mode a get costs the target's progress.
+  // With cross-memory attach a rendezvous reads 8-16 KiB in one copy: a ping-pong of 16 KiB is
+  // 1.6 us that way against 2.4 us by gathered fragments (ferry-bench, 2 ranks); a stream is
+  // even and task chains favour fragments, so only FERRY_FRAGMENT=auto acts on this. In
+  // forced copy mode a get costs the target's progress.
   caps_.one_copy_get = copy_ != ShmCopy::copy;  // settled per peer by connect()
 }
 
