@@ -255,21 +255,6 @@ void ShmTransport::complete(detail::OpContext* ctx, std::size_t length, int rank
   done_.push(n);
 }
 
-int ShmTransport::inject(int rank, const void* buf, std::size_t len) {
-  if (len > cell_payload_) return -EMSGSIZE;
-  Peer* p = peer(rank);
-  if (p == nullptr) return -EHOSTUNREACH;
-  std::uint64_t pos = 0;
-  CellHeader* c = p->queue.try_claim(pos);
-  if (c == nullptr) return -EAGAIN;
-  c->length = static_cast<std::uint32_t>(len);
-  c->rank = rank_;
-  c->kind = static_cast<std::uint32_t>(CellKind::message);
-  if (len > 0) std::memcpy(cell_payload(c), buf, len);
-  CellQueue::publish(c, pos);
-  return 0;
-}
-
 int ShmTransport::inject_parts(int rank, const void* head, std::size_t head_len, const void* body,
                                std::size_t body_len) {
   if (head_len > cell_payload_ || body_len > cell_payload_ - head_len) return -EMSGSIZE;
@@ -286,6 +271,9 @@ int ShmTransport::inject_parts(int rank, const void* head, std::size_t head_len,
   CellQueue::publish(c, pos);
   return 0;
 }
+
+// One part: the class is final, so this call is direct and inlined.
+int ShmTransport::inject(int rank, const void* buf, std::size_t len) { return inject_parts(rank, buf, len, nullptr, 0); }
 
 int ShmTransport::send(int rank, const void* buf, std::size_t len, void*, detail::OpContext* ctx) {
   const int rc = inject(rank, buf, len);
