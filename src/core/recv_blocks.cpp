@@ -51,7 +51,8 @@ unsigned class_of(std::size_t size) noexcept {
 
 }  // namespace
 
-void* take(std::size_t size) noexcept {
+void* take(std::size_t size, std::size_t offset) noexcept {
+  offset &= cache_line - 1;
   const unsigned k = class_of(size);
   Cache& c = cache();
   if (k < kClasses) {
@@ -62,22 +63,25 @@ void* take(std::size_t size) noexcept {
     cl.lock.unlock();
     if (block != nullptr) {
       c.cached.fetch_sub(std::size_t{1} << (k + kMinShift), std::memory_order_relaxed);
-      return static_cast<unsigned char*>(block) + kPrefix;
+      return static_cast<unsigned char*>(block) + kPrefix + offset;
     }
   }
   const std::size_t bytes = k < kClasses ? (std::size_t{1} << (k + kMinShift)) : size;
-  if (bytes > SIZE_MAX - 2 * kPrefix) return nullptr;
-  // aligned_alloc wants a multiple of the alignment.
-  const std::size_t total = (kPrefix + bytes + cache_line - 1) / cache_line * cache_line;
+  if (bytes > SIZE_MAX - 3 * kPrefix) return nullptr;
+  // A cache line of slack at the end leaves room for any offset; aligned_alloc wants a
+  // multiple of the alignment.
+  const std::size_t total = (kPrefix + bytes + cache_line + cache_line - 1) / cache_line * cache_line;
   void* raw = std::aligned_alloc(cache_line, total);
   if (raw == nullptr) return nullptr;
   static_cast<Prefix*>(raw)->klass = k < kClasses ? k : kUncached;
-  return static_cast<unsigned char*>(raw) + kPrefix;
+  return static_cast<unsigned char*>(raw) + kPrefix + offset;
 }
 
 void give(void* block) noexcept {
   if (block == nullptr) return;
-  void* raw = static_cast<unsigned char*>(block) - kPrefix;
+  // Back to the block's cache line (take's offset is below one), then past the prefix.
+  const auto at = reinterpret_cast<std::uintptr_t>(block) & ~static_cast<std::uintptr_t>(cache_line - 1);
+  void* raw = reinterpret_cast<unsigned char*>(at) - kPrefix;
   const std::uint32_t k = static_cast<Prefix*>(raw)->klass;
   Cache& c = cache();
   if (k != kUncached) {

@@ -42,6 +42,26 @@ TEST_F(RecvBlocks, AGivenBlockServesTheNextTakeOfItsClass) {
   EXPECT_EQ(rb::cached_bytes(), std::size_t{2} << 20);
 }
 
+TEST_F(RecvBlocks, AnOffsetBlockStartsThatFarPastALineAndComesBackWhole) {
+  // The offset is taken mod 64; the whole size stays usable at every offset, and a given
+  // block serves the next take of its class at another offset.
+  void* a = rb::take(std::size_t{1} << 20, 64 + 48);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a) % 64, 48u);
+  std::memset(a, 0xCD, std::size_t{1} << 20);
+  rb::give(a);
+  EXPECT_EQ(rb::cached_bytes(), std::size_t{1} << 20);
+  void* b = rb::take(std::size_t{1} << 20, 16);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b) % 64, 16u);
+  EXPECT_EQ(static_cast<unsigned char*>(b) + 32, a) << "the same block, 32 bytes earlier";
+  std::memset(b, 0xEF, std::size_t{1} << 20);
+  rb::give(b);
+  void* c = rb::take(std::size_t{1} << 20);
+  EXPECT_TRUE(aligned(c));
+  EXPECT_EQ(static_cast<unsigned char*>(c) + 48, a);
+  rb::give(c);
+}
+
 TEST_F(RecvBlocks, EachClassKeepsAtMostItsSlotsAndTheLimitHolds) {
   std::vector<void*> blocks;
   for (std::size_t i = 0; i < rb::kSlots + 3; ++i) blocks.push_back(rb::take(64 << 10));
