@@ -570,6 +570,12 @@ bool DeviceImpl::progress() {
   std::lock_guard<SpinLock> guard(poll_lock_, std::adopt_lock);
   net::Event events[kPollBatch];
   bool any = false;
+  // Rendezvous reads start here, before the poll, and only here: a synchronous get's
+  // completion is then in this call's poll, so the application can return its receive block
+  // before the next read takes one (see Rendezvous::kReadBudget).
+  rendezvous_.begin_reads();
+  run_deferred();
+  rendezvous_.end_reads();
   for (Link& l : links_) {
     const int n = l.transport->poll(events, kPollBatch);
     for (int i = 0; i < n; ++i) {

@@ -1,5 +1,6 @@
 // Every operation, every size from 0 bytes to 64 MiB, data verified, on a ring of ranks:
 // each rank sends to its right neighbour and receives from its left.
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 
@@ -51,6 +52,73 @@ TEST(ActiveMessage, EverySizeArrivesIntactInTheTargetQueue) {
     EXPECT_EQ(first_mismatch(c.buffer.data(), size, left(), size), -1) << "size " << size;
     rt().barrier();
   }
+}
+
+// A stream of rendezvous active messages that the application consumes as they come: where
+// the transport reads synchronously (ferry's shm with cross-memory attach), progress starts
+// one read per call, before its poll, so the application has returned the last receive block
+// when the next read takes one, and the stream runs through a block that stays in cache.
+// (Starting every arrived RTS at once took up to 16 blocks in turn.)
+TEST(ActiveMessage, AConsumedStreamOfLargeMessagesReusesItsReceiveBlock) {
+  if (rt().transport() != "shm") GTEST_SKIP() << "reads are synchronous only on ferry's shm, not " << rt().transport();
+  const char* copy = std::getenv("FERRY_SHM_COPY");
+  if ((copy != nullptr && std::string(copy) == "copy") || ferry::shm_large_data_path().rfind("cma", 0) != 0) {
+    GTEST_SKIP() << "ferry's shm reads through its queues here, asynchronously";
+  }
+  const ferry::RuntimeSettings& set = rt().options().settings;
+  if (set.lock_model == ferry::LockModel::offload || set.progress.value != ferry::ProgressMode::explicit_calls) {
+    GTEST_SKIP() << "another thread progresses the device, so this one does not consume as it comes";
+  }
+  ferry::Device& dev = rt().device();
+  ferry::CompletionQueue inbox;
+  ferry::Exposure ex = rt().expose(inbox, 13);
+  ferry::CompletionQueue ready;
+  ferry::Exposure ex_ready = rt().expose(ready, 14);
+  rt().barrier();
+  constexpr std::size_t kSize = 512u << 10;  // past every transport's fragments: a rendezvous
+  constexpr int kCount = 48;
+  std::vector<unsigned char> out(kSize);
+  fill(out, rt().rank());
+  ferry::Synchronizer sent(kCount);
+  std::vector<const void*> blocks;
+  int received = 0;
+  // Every progress call is followed by draining the inbox, also between retried posts.
+  auto drain = [&] {
+    while (auto c = inbox.pop()) {
+      EXPECT_TRUE(c->ok()) << c->error_string();
+      EXPECT_EQ(c->size, kSize);
+      if (c->buffer.size() == kSize) {
+        EXPECT_EQ(first_mismatch(c->buffer.data(), kSize, left(), kSize), -1) << "message " << received;
+        if (std::find(blocks.begin(), blocks.end(), c->buffer.data()) == blocks.end()) blocks.push_back(c->buffer.data());
+      }
+      ++received;  // its block goes back to the cache here
+    }
+  };
+  // A rank sends only once its receiver has left the barrier, whose progress calls do not
+  // drain the inbox: each rank tells its left neighbour it is ready.
+  const unsigned char go = 1;
+  const ferry::Status said = post_retry(dev, [&] { return dev.post_am({.rank = left(), .buffer = &go, .size = 1, .target = {14}}); });
+  ASSERT_FALSE(said.is_retry());
+  ASSERT_TRUE(wait_until(dev, [&] {
+    drain();
+    return ready.pop().has_value();
+  })) << "rank " << right() << " never said it was ready";
+  for (int i = 0; i < kCount; ++i) {
+    ferry::Status s;
+    while ((s = dev.post_am({.rank = right(), .buffer = out.data(), .size = kSize, .target = {13},
+                             .tag = static_cast<ferry::Tag>(i), .local = &sent}))
+               .is_retry()) {
+      dev.progress();
+      drain();
+    }
+    ASSERT_TRUE(s.is_posted()) << "a " << kSize << "-byte active message goes by rendezvous";
+  }
+  ASSERT_TRUE(wait_until(dev, [&] {
+    drain();
+    return received == kCount && sent.test();
+  })) << received << " of " << kCount << " arrived";
+  EXPECT_LE(blocks.size(), 2u) << "the stream took a new receive block for many of its messages";
+  rt().barrier();
 }
 
 TEST(ActiveMessage, IovecDeliversTheEagerPartAndEveryZeroCopyPart) {

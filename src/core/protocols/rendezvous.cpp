@@ -53,6 +53,9 @@ struct RecvOp {
   std::vector<Buffer> parts;  // am: [0] is the whole message; iovec: each zero-copy part
   Link* link = nullptr;       // the sender's link
   std::vector<net::Registration*> registrations;  // of the destinations, under local_registration
+  // am and iovec: the parts still to read into receive blocks, taken by prepare() when the
+  // first read may start (so a block is taken as late as possible, see the read budget).
+  std::vector<RtsPart> remote;
   std::vector<Chunk> chunks;
   std::size_t issued = 0;
   std::size_t completed = 0;
@@ -148,10 +151,17 @@ bool Rendezvous::issue_reads(RecvOp* op) {
   net::Transport* t = op->link->transport;
   while (op->issued < op->chunks.size()) {
     Chunk& c = op->chunks[op->issued];
-    if (!dc_.take_credit()) return false;
+    if (read_budget_ <= 0) return false;
+    // Out of credits or transport resources: later reads wait too, so they neither overtake
+    // this one nor take receive blocks they cannot fill yet.
+    if (!dc_.take_credit()) {
+      read_budget_ = 0;
+      return false;
+    }
     const int rc = t->get(op->rank, c.local, c.size, c.desc, c.remote_addr, c.key, &c.ctx);
     if (rc == -EAGAIN) {
       dc_.return_credit();
+      read_budget_ = 0;
       return false;
     }
     if (rc != 0) {
@@ -161,6 +171,7 @@ bool Rendezvous::issue_reads(RecvOp* op) {
       op->error = rc;
       ++op->completed;  // treat as finished-with-error so the op can complete
     }
+    read_budget_ -= static_cast<std::ptrdiff_t>(c.size);
     ++op->issued;
   }
   return true;
@@ -199,7 +210,7 @@ void Rendezvous::finish(RecvOp* op) {
       break;
     case RecvOp::Goal::am:
       c.op = OpKind::remote_am;
-      c.buffer = std::move(op->parts[0]);
+      if (!op->parts.empty()) c.buffer = std::move(op->parts[0]);  // none when its block failed
       dc_.deliver(op->target, std::move(c));
       break;
     case RecvOp::Goal::iovec:
@@ -251,12 +262,7 @@ void Rendezvous::start_recv(Packet* rts, const RecvDescriptor* recv) {
       case MsgKind::rts_am: {
         op->goal = RecvOp::Goal::am;
         op->size = body.size;
-        void* dst = recv_blocks::take(body.size);
-        if (dst == nullptr) throw Error("rendezvous: cannot allocate " + str(body.size) + " bytes for an active message");
-        op->parts.emplace_back(dst, body.size, &recv_blocks::release, nullptr);
-        void* desc = reg_local(dst, body.size);
-        add_chunks(op->chunks, op, CtxKind::rdv_read, static_cast<unsigned char*>(dst), desc, body.size, body.addr,
-                   body.key, max);
+        op->remote.push_back(RtsPart{body.size, body.addr, body.key});
         break;
       }
       case MsgKind::rts_iovec: {
@@ -265,15 +271,11 @@ void Rendezvous::start_recv(Packet* rts, const RecvDescriptor* recv) {
         const std::size_t eager = body.size;
         op->size = eager;
         const unsigned char* table = at + eager;
+        op->remote.reserve(h.aux);
         for (std::uint32_t i = 0; i < h.aux; ++i) {
           const auto part = decode<RtsPart>(table + i * sizeof(RtsPart));
-          void* dst = part.size != 0 ? recv_blocks::take(part.size) : nullptr;
-          if (part.size != 0 && dst == nullptr) throw Error("rendezvous: cannot allocate " + str(part.size) + " bytes");
-          op->parts.emplace_back(dst, part.size, &recv_blocks::release, nullptr);
+          op->remote.push_back(part);
           op->size += part.size;
-          void* desc = reg_local(dst, part.size);
-          add_chunks(op->chunks, op, CtxKind::rdv_read, static_cast<unsigned char*>(dst), desc, part.size, part.addr,
-                     part.key, max);
         }
         // The eager part stays in the RTS packet, handed over as the completion's buffer.
         op->eager = Buffer(rts->data() + kHeader + sizeof(RtsBody), eager, &release_rts_payload, &dc_.pool());
@@ -290,15 +292,49 @@ void Rendezvous::start_recv(Packet* rts, const RecvDescriptor* recv) {
   }
   if (rts != nullptr) dc_.pool().put(rts);
   dc_.open_op();
-  if (op->chunks.empty()) {
+  if (op->chunks.empty() && op->remote.empty()) {
     finish(op);
     return;
   }
   dc_.defer([this, op] {
+    if (!op->remote.empty()) {
+      if (read_budget_ <= 0) return false;  // its blocks are taken when its first read may go
+      prepare(op);
+    }
     if (!issue_reads(op)) return false;
     if (op->completed == op->chunks.size()) finish(op);
     return true;
   });
+}
+
+// Takes the receive blocks of an am or iovec RecvOp and cuts its reads into chunks. When memory
+// is short the op reads nothing and completes with -ENOMEM (the sender still gets its FIN).
+void Rendezvous::prepare(RecvOp* op) {
+  Link& l = *op->link;
+  try {
+    op->parts.reserve(op->remote.size());
+    for (const RtsPart& part : op->remote) {
+      // Where the sender's address is known, the block starts at the same offset within a
+      // cache line, so the copy runs co-aligned (see recv_blocks::take).
+      const std::size_t offset = l.caps->rma_virtual_address ? static_cast<std::size_t>(part.addr) : 0;
+      void* dst = part.size != 0 ? recv_blocks::take(part.size, offset) : nullptr;
+      if (part.size != 0 && dst == nullptr) throw Error("rendezvous: cannot allocate " + str(part.size) + " bytes");
+      op->parts.emplace_back(dst, part.size, &recv_blocks::release, nullptr);
+      void* desc = nullptr;
+      if (l.caps->local_registration && part.size != 0) {
+        op->registrations.push_back(l.transport->register_memory(dst, part.size, net::Access::recv));
+        desc = op->registrations.back()->desc();
+      }
+      add_chunks(op->chunks, op, CtxKind::rdv_read, static_cast<unsigned char*>(dst), desc, part.size, part.addr,
+                 part.key, l.caps->max_rma_size);
+    }
+  } catch (const std::exception& e) {
+    FERRY_LOG_AT(error, dc_.rank(), dc_.index(), "cannot receive a rendezvous from rank %d: %s", op->rank, e.what());
+    op->error = -ENOMEM;
+    op->parts.clear();
+    op->chunks.clear();
+  }
+  op->remote.clear();
 }
 
 // The receiver read everything: the sender's buffer is free again.
