@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstring>
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,7 +35,13 @@ std::string errno_text(const char* what, int rank) {
 
 // Runs in the forked child; only async-signal-safe calls from here to exec.
 [[noreturn]] void exec_child(const SpawnRequest& req, char* const* argv, char* const* envp,
-                             int pmi_fd, int out_w, int err_w, int status_w) {
+                             int pmi_fd, int out_w, int err_w, int status_w, pid_t parent) {
+  // No rank outlives ferryrun, even a ferryrun ended by SIGKILL (which no handler of its own
+  // sees): the kernel kills the rank when its parent ends. The setting survives exec. A parent
+  // that ended before this line sends nothing, so the child looks for itself.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(127);
+
   // Its own process group lets ferryrun signal the rank together with anything it forks.
   ::setpgid(0, 0);
 
@@ -119,8 +126,9 @@ SpawnedRank spawn_rank(const SpawnRequest& req) {
   sigemptyset(&handled);
   for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&handled, sig);
   ::sigprocmask(SIG_BLOCK, &handled, &saved);
+  const pid_t parent = ::getpid();
   pid_t pid = ::fork();
-  if (pid == 0) exec_child(req, argv.data(), envp.data(), sv[1], outp[1], errp[1], status[1]);
+  if (pid == 0) exec_child(req, argv.data(), envp.data(), sv[1], outp[1], errp[1], status[1], parent);
   int fork_errno = errno;
   ::sigprocmask(SIG_SETMASK, &saved, nullptr);
   if (pid < 0) {
