@@ -49,6 +49,15 @@ DeviceContext::DeviceContext(RuntimeImpl& runtime, int index, const Config& conf
     if (eager_limit_ > caps.max_msg_size - kHeader) eager_limit_ = caps.max_msg_size - kHeader;
     if (caps.send_queue != 0) send_queue = send_queue == 0 ? caps.send_queue : std::min(send_queue, caps.send_queue);
   }
+  // Each transport keeps FERRY_PREPOST receives posted from the one pool, and a send needs a
+  // packet too: receives that held every packet would leave the first send waiting forever.
+  const std::size_t links = transports_.size();
+  if (links > 0 && config.prepost > (config.packets - 1) / links) {
+    throw Error("FERRY_PACKETS=" + std::to_string(config.packets) + " leaves no packet to send with FERRY_PREPOST=" +
+                std::to_string(config.prepost) + " receives posted on each of the device's " + std::to_string(links) +
+                " transport(s); set FERRY_PACKETS to at least " + std::to_string(config.prepost * links + 1) +
+                " or FERRY_PREPOST to at most " + std::to_string((config.packets - 1) / links));
+  }
   credits_max_ = config.send_credits != 0 ? config.send_credits : (send_queue != 0 ? send_queue : 256);
   credits_.store(static_cast<std::int64_t>(credits_max_), std::memory_order_relaxed);
   links_.reserve(transports_.size());
@@ -80,10 +89,12 @@ void DeviceContext::plan_fragments() {
     l.fragment_limit = 0;
     const bool wanted = config_.fragment == FragmentMode::on ||
                         (config_.fragment == FragmentMode::automatic && !caps.one_copy_get);
-    if (wanted && caps.inject_size >= kMinFragmentInject &&
-        kHeader + limit > caps.inject_size) {
-      l.fragment_payload =
-          (caps.gather_inject ? caps.inject_size : std::min(caps.inject_size, kMaxFragmentFrame)) - kFragmentHeader;
+    // A fragment lands in one of the peer's posted receive packets, so no frame is larger than
+    // a packet (FERRY_PACKET_SIZE below the inject size would otherwise truncate every one).
+    const std::size_t frame = std::min(
+        caps.gather_inject ? caps.inject_size : std::min(caps.inject_size, kMaxFragmentFrame), config_.packet_size);
+    if (wanted && frame >= kMinFragmentInject && kHeader + limit > caps.inject_size) {
+      l.fragment_payload = frame - kFragmentHeader;
       l.fragment_limit = limit;
       fragment_limit_ = std::max(fragment_limit_, limit);
     }

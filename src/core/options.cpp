@@ -1,4 +1,5 @@
 // options.cpp — the one option resolver, and the core runtime's table.
+#include <cctype>
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -87,8 +88,17 @@ std::string valid_names(const OptionInfo& info) {
 void require_range(const std::string& what, std::uint64_t value, std::uint64_t lo, std::uint64_t hi,
                    const char* bound_by) {
   if (value >= lo && value <= hi) return;
+  // A bound from another option names that option as the user sets it, with its value.
+  std::string by;
+  if (bound_by != nullptr) {
+    by = " (at most FERRY_";
+    for (const char* c = bound_by; *c != '\0'; ++c) by += static_cast<char>(std::toupper(static_cast<unsigned char>(*c)));
+    by += '=';
+    by += std::to_string(hi);
+    by += ')';
+  }
   throw Error(what + "=" + std::to_string(value) + " is out of range: valid values are " + std::to_string(lo) + " to " +
-              std::to_string(hi) + (bound_by != nullptr ? std::string(" (at most ") + bound_by + ")" : ""));
+              std::to_string(hi) + by);
 }
 
 OptionValue parse(const OptionInfo& info, const std::string& what, const std::string& text, std::uint64_t bound) {

@@ -1,5 +1,6 @@
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 
@@ -23,13 +24,51 @@ std::string hostname() {
   return buf;
 }
 
-// Every rank's host identity (FERRY_HOST, else the hostname), by rank.
-std::vector<std::string> exchange_hosts(bootstrap::Bootstrap& boot, const std::string& mine) {
+// The options that shape what goes on the wire or which endpoints exist: ranks that disagree
+// on one would truncate, misread or never reach each other's messages.
+constexpr const char* kJobWideOptions[] = {"transport", "provider", "devices", "packet_size", "fragment", "fragment_max"};
+
+std::string job_wide_settings(const Resolved<RuntimeSettings>& options) {
+  std::string text;
+  for (const char* name : kJobWideOptions) text += options.value(name) + '\n';
+  return text;
+}
+
+// Names the first job-wide option on which rank `other` differs from this rank.
+[[noreturn]] void settings_differ(const std::string& mine, const std::string& theirs, int rank, int other) {
+  std::size_t a = 0, b = 0;
+  for (const char* name : kJobWideOptions) {
+    const std::size_t ea = mine.find('\n', a), eb = theirs.find('\n', b);
+    const std::string va = mine.substr(a, ea - a), vb = eb == std::string::npos ? theirs.substr(b) : theirs.substr(b, eb - b);
+    if (va != vb) {
+      std::string env = "FERRY_";
+      for (const char* c = name; *c != '\0'; ++c) env += static_cast<char>(std::toupper(static_cast<unsigned char>(*c)));
+      throw Error("ranks disagree on " + env + ": rank " + std::to_string(other) + " has '" + vb + "', rank " +
+                  std::to_string(rank) + " has '" + va + "'; every rank of a job must use the same " + env);
+    }
+    if (eb == std::string::npos) break;
+    a = ea + 1;
+    b = eb + 1;
+  }
+  throw Error("rank " + std::to_string(other) + " sent settings this rank cannot read (a different ferry version?)");
+}
+
+// Every rank's host identity (FERRY_HOST, else the hostname), by rank; each rank checks that
+// every other one uses the same job-wide options.
+std::vector<std::string> exchange_hosts(bootstrap::Bootstrap& boot, const std::string& mine,
+                                        const Resolved<RuntimeSettings>& options) {
   std::vector<std::string> hosts(static_cast<std::size_t>(boot.size()), mine);
   if (boot.size() == 1) return hosts;
+  const std::string settings = job_wide_settings(options);
   boot.put("ferry.host", mine);
+  boot.put("ferry.settings", settings);
   boot.fence();
-  for (int r = 0; r < boot.size(); ++r) hosts[static_cast<std::size_t>(r)] = boot.get(r, "ferry.host");
+  for (int r = 0; r < boot.size(); ++r) {
+    hosts[static_cast<std::size_t>(r)] = boot.get(r, "ferry.host");
+    if (r == boot.rank()) continue;
+    const std::string theirs = boot.get(r, "ferry.settings");
+    if (theirs != settings) settings_differ(settings, theirs, boot.rank(), r);
+  }
   return hosts;
 }
 
@@ -92,7 +131,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   set_log_rank(rank_);  // lines logged without a runtime at hand name this process's rank
   size_ = boot_->size();
   if (size_ > 0xFFFFFF) throw Error("job size " + std::to_string(size_) + " exceeds ferry's limit of 16777215 ranks");
-  const TransportPlan plan = plan_transports(config_, exchange_hosts(*boot_, config_.host.empty() ? hostname() : config_.host), rank_);
+  const TransportPlan plan = plan_transports(config_, exchange_hosts(*boot_, config_.host.empty() ? hostname() : config_.host, options_), rank_);
   if (plan.ofi) fabric_ = net::ofi::open_fabric(plan.provider);
   targets_ = std::make_unique<std::atomic<CompletionObject*>[]>(config_.max_targets);
   for (std::size_t i = 0; i < config_.max_targets; ++i) targets_[i].store(nullptr, std::memory_order_relaxed);

@@ -279,7 +279,7 @@ TEST_F(Env, OutOfRangeValuesNameVariableAndRange) {
   for (const Case c : {Case{"FERRY_DEVICES", "0", "1 to 64"}, Case{"FERRY_DEVICES", "65", "1 to 64"},
                        Case{"FERRY_PACKET_SIZE", "32", "64 to 1073741824"},
                        Case{"FERRY_PACKET_SIZE", "2G", "64 to 1073741824"}, Case{"FERRY_PACKETS", "1", "2 to 16777216"},
-                       Case{"FERRY_PREPOST", "5000", "1 to 4096 (at most packets)"},
+                       Case{"FERRY_PREPOST", "5000", "1 to 4096 (at most FERRY_PACKETS=4096)"},
                        Case{"FERRY_CQ_CAPACITY", "1", "2 to 268435456"}, Case{"FERRY_MAX_TARGETS", "65537", "1 to 65536"},
                        Case{"FERRY_FRAGMENT_MAX", "2G", "0 to 1073741824"}}) {
     set(c.var, c.value);
@@ -294,7 +294,7 @@ TEST_F(Env, OutOfRangeValuesNameVariableAndRange) {
   set("FERRY_DEVICES", "64");
   set("FERRY_PACKET_SIZE", "64");
   set("FERRY_PACKETS", "2");
-  set("FERRY_PREPOST", "2");  // prepost may equal packets
+  set("FERRY_PREPOST", "2");  // the table lets prepost equal packets; a device asks for one more (mp test)
   set("FERRY_CQ_CAPACITY", "2");
   set("FERRY_MAX_TARGETS", "65536");
   EXPECT_NO_THROW((void)resolve_config({}));
