@@ -82,9 +82,11 @@ namespace detail {
 
 // The resolver (libferry). `program` is the program's explicit value as text (empty: not set),
 // `program_name` how to name it in errors ("RuntimeOptions::devices"); `bound` a further upper
-// bound from OptionInfo::max_option. Throws ferry::Error.
+// bound from OptionInfo::max_option, whose variable `bound_env` names it in errors. Throws
+// ferry::Error.
 std::pair<OptionValue, OptionSource> resolve_option(const OptionInfo& info, const std::string& program,
-                                                    const std::string& program_name, std::uint64_t bound);
+                                                    const std::string& program_name, std::uint64_t bound,
+                                                    const char* bound_env = nullptr);
 
 [[noreturn]] void unknown_option(std::string_view table, std::string_view name);
 
@@ -196,7 +198,8 @@ class OptionTable {
     for (const Row& row : rows_) {
       const std::uint64_t bound = bound_of(row, numbers);
       auto [v, source] = detail::resolve_option(row.info, row.program ? row.program(program) : std::string(),
-                                                std::string(options_name_) + "::" + row.info.name, bound);
+                                                std::string(options_name_) + "::" + row.info.name, bound,
+                                                bound_env(row));
       row.store(out.settings, v);
       numbers.push_back(v.number);
       out.options.push_back(ResolvedOption{&row.info, std::move(v.text), source});
@@ -213,7 +216,7 @@ class OptionTable {
     for (const Row& row : rows_) {
       const std::uint64_t bound = bound_of(row, numbers);
       try {
-        auto [v, source] = detail::resolve_option(row.info, {}, {}, bound);
+        auto [v, source] = detail::resolve_option(row.info, {}, {}, bound, bound_env(row));
         numbers.push_back(v.number);
         out.push_back(ResolvedOption{&row.info, std::move(v.text), source});
       } catch (const Error& e) {
@@ -233,7 +236,7 @@ class OptionTable {
     if (row.info.max_option != nullptr) {
       bound = detail::resolve_option(rows_[index_of(row.info.max_option)].info, {}, {}, UINT64_MAX).first.number;
     }
-    row.store(settings, detail::resolve_option(row.info, {}, {}, bound).first);
+    row.store(settings, detail::resolve_option(row.info, {}, {}, bound, bound_env(row)).first);
   }
 
  private:
@@ -244,6 +247,11 @@ class OptionTable {
     const std::size_t i = index_of(row.info.max_option);
     if (i >= numbers.size()) detail::unknown_option(layer_, std::string(row.info.name) + ".max_option (a later row)");
     return numbers[i];
+  }
+
+  // The variable of the row's max_option, or null.
+  const char* bound_env(const Row& row) const {
+    return row.info.max_option != nullptr ? rows_[index_of(row.info.max_option)].info.env : nullptr;
   }
 
   std::size_t index_of(std::string_view name) const {

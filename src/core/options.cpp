@@ -1,5 +1,4 @@
 // options.cpp — the one option resolver, and the core runtime's table.
-#include <cctype>
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -88,11 +87,11 @@ std::string valid_names(const OptionInfo& info) {
 void require_range(const std::string& what, std::uint64_t value, std::uint64_t lo, std::uint64_t hi,
                    const char* bound_by) {
   if (value >= lo && value <= hi) return;
-  // A bound from another option names that option as the user sets it, with its value.
+  // A bound from another option names that option's variable, with its value.
   std::string by;
   if (bound_by != nullptr) {
-    by = " (at most FERRY_";
-    for (const char* c = bound_by; *c != '\0'; ++c) by += static_cast<char>(std::toupper(static_cast<unsigned char>(*c)));
+    by = " (at most ";
+    by += bound_by;
     by += '=';
     by += std::to_string(hi);
     by += ')';
@@ -101,11 +100,12 @@ void require_range(const std::string& what, std::uint64_t value, std::uint64_t l
               std::to_string(hi) + by);
 }
 
-OptionValue parse(const OptionInfo& info, const std::string& what, const std::string& text, std::uint64_t bound) {
+OptionValue parse(const OptionInfo& info, const std::string& what, const std::string& text, std::uint64_t bound,
+                  const char* bound_env) {
   OptionValue v;
   v.text = text;
   const std::uint64_t hi = std::min(info.max, bound);
-  const char* bound_by = bound < info.max ? info.max_option : nullptr;
+  const char* bound_by = bound < info.max ? (bound_env != nullptr ? bound_env : info.max_option) : nullptr;
   switch (info.type) {
     case OptionType::text: return v;
     case OptionType::size:
@@ -165,13 +165,14 @@ OptionValue parse(const OptionInfo& info, const std::string& what, const std::st
 }  // namespace
 
 std::pair<OptionValue, OptionSource> resolve_option(const OptionInfo& info, const std::string& program,
-                                                    const std::string& program_name, std::uint64_t bound) {
-  if (!program.empty()) return {parse(info, program_name, program, bound), OptionSource::program};
+                                                    const std::string& program_name, std::uint64_t bound,
+                                                    const char* bound_env) {
+  if (!program.empty()) return {parse(info, program_name, program, bound, bound_env), OptionSource::program};
   // The one place ferry reads its own variables.
   if (const char* e = std::getenv(info.env); e != nullptr && *e != '\0') {
-    return {parse(info, info.env, e, bound), OptionSource::environment};
+    return {parse(info, info.env, e, bound, bound_env), OptionSource::environment};
   }
-  return {parse(info, info.env, info.default_value, bound), OptionSource::default_value};
+  return {parse(info, info.env, info.default_value, bound, bound_env), OptionSource::default_value};
 }
 
 void unknown_option(std::string_view table, std::string_view name) {

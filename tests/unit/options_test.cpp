@@ -482,7 +482,7 @@ TEST_F(Env, AnyLayerCanDeclareATable) {
   set("FERRY_DEMO_PART", "8k");
   std::optional<std::string> what = error_of([&] { (void)table.resolve(o); });
   ASSERT_TRUE(what.has_value());
-  EXPECT_TRUE(contains(*what, "FERRY_DEMO_PART=8192 is out of range: valid values are 0 to 4096 (at most limit)")) << *what;
+  EXPECT_TRUE(contains(*what, "FERRY_DEMO_PART=8192 is out of range: valid values are 0 to 4096 (at most FERRY_DEMO_LIMIT=4096)")) << *what;
   set("FERRY_DEMO_VERBOSE", "maybe");
   what = error_of([&] { (void)table.resolve(); });
   ASSERT_TRUE(what.has_value());
