@@ -129,11 +129,15 @@ struct GetArgs {
   void* context = nullptr;
 };
 
-// What the device's lock model did so far (all zero for lockless, trylock and block).
+// What the device did so far: its lock model's work (all zero for lockless, trylock and
+// block), and the messages from the wire it dropped as malformed.
 struct DeviceStats {
   std::uint64_t deferred = 0;           // posts handed to another thread (lockq, offload)
   std::uint64_t combined = 0;           // calls performed on behalf of other threads (lockq, csync)
   std::uint64_t max_combined_batch = 0; // the most calls one lock holder performed in one pass
+  // Packets, fragments, rendezvous requests and FINs whose bytes did not check out (each also
+  // logged at `warn` with the sender's rank): dropped, never used.
+  std::uint64_t malformed = 0;
 };
 
 class Device {

@@ -330,9 +330,11 @@ inline void DeviceImpl::on_recv(Link& l, Packet* p, std::size_t length, const un
   // sender indexes the route table).
   const std::int32_t src = length >= kHeader ? decode<WireHeader>(p->data()).src : -1;
   // A rank reached through another transport cannot have sent this: its name is false.
-  if (length < kHeader || length > p->capacity || !valid_kind(p->data()[0]) || src < 0 || src >= runtime_.size() ||
-      route_[static_cast<std::size_t>(src)] != &l) {
-    FERRY_LOG_AT(warn, runtime_.rank(), index_, "dropped a malformed packet of %zu bytes", length);
+  if (length < kHeader || length > p->capacity || !valid_kind(p->data()[0]) || length < min_length(p->data()[0]) ||
+      src < 0 || src >= runtime_.size() || route_[static_cast<std::size_t>(src)] != &l) {
+    FERRY_LOG_AT(warn, runtime_.rank(), index_, "dropped a malformed packet of %zu bytes (from rank %d, said the packet)",
+                 length, src);
+    count_malformed();
     pool_->put(p);
     return;
   }

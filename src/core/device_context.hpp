@@ -119,6 +119,10 @@ class alignas(cache_line) DeviceContext {
   Status send_packet(Packet* p, int rank, std::size_t length);
   // A remote-target completion (an active message or a notification) for the runtime.
   void deliver(std::uint16_t target, Completion&& c) noexcept;
+  // A message from the wire dropped as malformed (the caller logs it with the sender's rank).
+  // Relaxed: a statistic, read by Device::stats() with no order to other data.
+  void count_malformed() noexcept { malformed_.fetch_add(1, std::memory_order_relaxed); }
+  std::uint64_t malformed() const noexcept { return malformed_.load(std::memory_order_relaxed); }
 
  protected:
   // Decides which links fragment and the eager limits, from the transports' caps: at
@@ -151,6 +155,7 @@ class alignas(cache_line) DeviceContext {
   alignas(cache_line) std::atomic<std::int64_t> credits_{0};
   // Relaxed: a count.
   std::atomic<std::size_t> open_ops_{0};
+  std::atomic<std::uint64_t> malformed_{0};
   std::mutex deferred_mutex_;  // large-message path only; progress takes it with try_lock
   std::vector<std::function<bool()>> deferred_;
   std::vector<std::function<bool()>> running_;  // run_deferred's batch (under the poll lock)

@@ -26,7 +26,8 @@ std::string hostname() {
 
 // The options that shape what goes on the wire or which endpoints exist: ranks that disagree
 // on one would truncate, misread or never reach each other's messages.
-constexpr const char* kJobWideOptions[] = {"transport", "provider", "devices", "packet_size", "fragment", "fragment_max"};
+constexpr const char* kJobWideOptions[] = {"transport", "provider", "devices", "packet_size", "fragment", "fragment_max",
+                                          "max_targets"};
 
 std::string job_wide_settings(const Resolved<RuntimeSettings>& options) {
   std::string text;
@@ -287,12 +288,16 @@ void RuntimeImpl::deliver(std::uint16_t id, Completion&& completion) noexcept {
       return;
     }
   }
+  if (id >= config_.max_targets) {
+    // No expose() can name it: parked, it would wait forever. The sender's id is not ours.
+    FERRY_LOG_AT(warn, rank_, -1, "dropped a message from rank %d for target %u: FERRY_MAX_TARGETS=%zu", completion.rank,
+                 id, config_.max_targets);
+    return;
+  }
   std::lock_guard<std::mutex> guard(park_mutex_);
-  if (id < config_.max_targets) {
-    if (CompletionObject* t = targets_[id].load(std::memory_order_acquire)) {
-      t->signal(std::move(completion));
-      return;
-    }
+  if (CompletionObject* t = targets_[id].load(std::memory_order_acquire)) {
+    t->signal(std::move(completion));
+    return;
   }
   try {
     parked_.emplace_back(id, std::move(completion));
@@ -387,8 +392,9 @@ bool Device::progress() {
 MemoryRegion Device::register_memory(void* data, std::size_t size) { return impl_->register_memory(data, size); }
 int Device::index() const noexcept { return impl_->index(); }
 DeviceStats Device::stats() const noexcept {
-  if (lock_model_ != nullptr) return lock_model_->stats();
-  return {};
+  DeviceStats s = lock_model_ != nullptr ? lock_model_->stats() : DeviceStats{};
+  s.malformed = impl_->malformed();
+  return s;
 }
 std::size_t Device::eager_limit() const noexcept { return impl_->eager_limit(); }
 std::size_t Device::iovec_eager_limit(std::size_t parts) const noexcept { return impl_->iovec_eager_limit(parts); }

@@ -6,6 +6,7 @@
 // on the same architecture, so no byte swapping is done.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -49,6 +50,7 @@ struct RtsPart {
   std::uint64_t key;
 };
 static_assert(sizeof(RtsPart) == 24);
+static_assert(sizeof(WireHeader) + sizeof(RtsBody) == 16 + 32, "min_length's table");
 
 // Where a fragment's bytes go in its message. A fragmented message is an eager am or msg whose
 // header and payload exceed the provider's inject size; its pieces are injected one by one
@@ -62,6 +64,7 @@ static_assert(sizeof(FragBody) == 8);
 struct FinBody {
   std::uint64_t send_op;
 };
+static_assert(sizeof(FinBody) == 8, "min_length's table");
 
 template <class T>
 inline void encode(void* at, const T& value) noexcept {
@@ -78,5 +81,20 @@ inline T decode(const void* at) noexcept {
 }
 
 inline bool valid_kind(std::uint8_t k) noexcept { return k >= 1 && k <= 8; }
+
+// The fewest bytes a packet of kind `k` (valid_kind) holds: its header and fixed body. An
+// rts_iovec's variable part is checked where it is read (Rendezvous::start_recv).
+inline std::size_t min_length(std::uint8_t k) noexcept {
+  static constexpr std::uint8_t kMin[9] = {0,
+                                           16,       // am
+                                           16,       // msg
+                                           16 + 32,  // rts_am
+                                           16 + 32,  // rts_msg
+                                           16 + 32,  // rts_iovec
+                                           16 + 8,   // fin
+                                           16,       // barrier
+                                           16};      // frag (its FragBody is checked by Fragments)
+  return kMin[k];
+}
 
 }  // namespace ferry::detail

@@ -784,6 +784,20 @@ class FerryParcelport final : public Parcelport {
       return;
     }
     std::memcpy(&h, base, sizeof h);
+    // The size table and a piggybacked nzc must lie within the header; with iovec, the parts
+    // that came along must be the ones the header counts.
+    const std::size_t room = header.size() - sizeof h;
+    const std::size_t table = std::size_t{h.zc_count} * sizeof(std::uint64_t);
+    const bool fits = table <= room && (!h.piggyback || h.nzc_size <= room - table);
+    const bool parts_agree = parts.empty() || parts.size() == std::size_t{h.zc_count} + (h.piggyback ? 0 : 1);
+    if (!fits || !parts_agree) {
+      FERRY_LOG_AT(warn, rank(), -1,
+                   "parcelport: dropped a malformed %zu-byte header from rank %d (%u zero-copy sizes, %u nzc bytes%s, "
+                   "%zu parts)",
+                   header.size(), source, static_cast<unsigned>(h.zc_count), h.nzc_size,
+                   h.piggyback ? " inline" : "", parts.size());
+      return;
+    }
     const std::byte* at = base + sizeof h;
     std::vector<std::size_t> sizes(h.zc_count);
     for (auto& s : sizes) {

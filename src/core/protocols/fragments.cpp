@@ -129,11 +129,22 @@ Fragments::Whole Fragments::on_fragment(Packet* p, std::size_t length, const uns
   if ((kind != MsgKind::am && kind != MsgKind::msg) || f.total > limit || f.offset > f.total ||
       n > f.total - f.offset) {
     FERRY_LOG_AT(warn, dc_.rank(), dc_.index(), "dropped a malformed fragment of %zu bytes from rank %d", length, h.src);
+    dc_.count_malformed();
     dc_.pool().put(p);
     return {};
   }
   for (Partial& m : partials_) {
     if (m.src != h.src || m.id != h.aux) continue;
+    // The buffer was sized by the first fragment's total: a later one that disagrees, or that
+    // would carry more bytes than the message has left, is not this message's.
+    if (f.total != m.total || n > m.total - m.received) {
+      FERRY_LOG_AT(warn, dc_.rank(), dc_.index(),
+                   "dropped a fragment from rank %d that disagrees with its message (total %u, not %u)", h.src,
+                   f.total, m.total);
+      dc_.count_malformed();
+      dc_.pool().put(p);
+      return {};
+    }
     std::memcpy((m.heap != nullptr ? m.heap : m.packet->data() + kHeader) + f.offset, payload, n);
     dc_.pool().put(p);
     m.received += static_cast<std::uint32_t>(n);
@@ -155,7 +166,7 @@ Fragments::Whole Fragments::on_fragment(Packet* p, std::size_t length, const uns
     }
     std::memcpy(heap + f.offset, payload, n);
     encode(d, WireHeader{kind, 0, h.target, h.src, h.tag, 0});
-    partials_.push_back(Partial{h.src, h.aux, p, heap, static_cast<std::uint32_t>(n)});
+    partials_.push_back(Partial{h.src, h.aux, p, heap, static_cast<std::uint32_t>(n), f.total});
     return {};
   }
   // The first piece to arrive: its packet becomes the message (header of the message's own
@@ -166,7 +177,7 @@ Fragments::Whole Fragments::on_fragment(Packet* p, std::size_t length, const uns
     p->arrived.length = static_cast<std::uint32_t>(kHeader + n);
     return {p, nullptr, n};
   }
-  partials_.push_back(Partial{h.src, h.aux, p, nullptr, static_cast<std::uint32_t>(n)});
+  partials_.push_back(Partial{h.src, h.aux, p, nullptr, static_cast<std::uint32_t>(n), f.total});
   return {};
 }
 

@@ -72,6 +72,7 @@ class Fragments {
     Packet* packet;       // holds the message: WireHeader (its own kind), then the payload
     unsigned char* heap;  // the payload instead, when the message is larger than a packet
     std::uint32_t received;
+    std::uint32_t total;  // from the first fragment to arrive: every later one must agree
   };
   std::vector<Partial> partials_;
 };

@@ -61,6 +61,44 @@ struct RecvOp {
   std::size_t completed = 0;
 };
 
+std::uint64_t PendingSends::add(SendOp* op, int rank) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  std::uint32_t i;
+  if (!free_.empty()) {
+    i = free_.back();
+    free_.pop_back();
+  } else {
+    if (slots_.size() >= UINT32_MAX) throw Error("rendezvous: more than 2^32 sends wait for their receivers");
+    i = static_cast<std::uint32_t>(slots_.size());
+    slots_.emplace_back();
+  }
+  Slot& s = slots_[i];
+  s.op = op;
+  s.rank = rank;
+  return (static_cast<std::uint64_t>(s.generation) << 32) | i;
+}
+
+SendOp* PendingSends::take(std::uint64_t id, int rank) {
+  const auto i = static_cast<std::uint32_t>(id);
+  std::lock_guard<std::mutex> guard(mutex_);
+  if (i >= slots_.size()) return nullptr;
+  Slot& s = slots_[i];
+  if (s.op == nullptr || s.generation != static_cast<std::uint32_t>(id >> 32) || s.rank != rank) return nullptr;
+  SendOp* op = s.op;
+  s.op = nullptr;
+  ++s.generation;
+  free_.push_back(i);
+  return op;
+}
+
+void PendingSends::remove(std::uint64_t id) {
+  const auto i = static_cast<std::uint32_t>(id);
+  std::lock_guard<std::mutex> guard(mutex_);
+  slots_[i].op = nullptr;
+  ++slots_[i].generation;
+  free_.push_back(i);
+}
+
 // Registers the sender's buffer and sends an RTS; the receiver reads and answers with FIN.
 Status Rendezvous::post(OpKind op, int rank, Tag tag, std::uint16_t target, const void* buffer, std::size_t size,
                         CompletionObject* local, void* context) {
@@ -83,15 +121,24 @@ Status Rendezvous::post(OpKind op, int rank, Tag tag, std::uint16_t target, cons
     throw;
   }
   net::Registration* mr = send->registrations[0];
+  std::uint64_t id;
+  try {
+    id = pending_.add(send, rank);
+  } catch (...) {
+    l.transport->deregister(mr);
+    dc_.pool().put(p);
+    delete send;
+    throw;
+  }
   fill_header(p, op == OpKind::am ? MsgKind::rts_am : MsgKind::rts_msg, target, dc_.rank(), tag);
   encode(p->data() + kHeader,
-         RtsBody{size, l.caps->rma_virtual_address ? reinterpret_cast<std::uint64_t>(buffer) : 0, mr->key(),
-                 reinterpret_cast<std::uint64_t>(send)});
+         RtsBody{size, l.caps->rma_virtual_address ? reinterpret_cast<std::uint64_t>(buffer) : 0, mr->key(), id});
   dc_.open_op();
   send->ready.store(true, std::memory_order_release);
   const Status s = dc_.send_packet(p, rank, kHeader + sizeof(RtsBody));
   if (s.is_retry()) {
     dc_.close_op();
+    pending_.remove(id);
     l.transport->deregister(mr);
     delete send;
     return s;
@@ -132,13 +179,23 @@ Status Rendezvous::post_iovec(const AmIovecArgs& a, std::size_t total) {
     dc_.pool().put(p);
     throw;
   }
+  std::uint64_t id;
+  try {
+    id = pending_.add(send, a.rank);
+  } catch (...) {
+    for (net::Registration* r : send->registrations) l.transport->deregister(r);
+    delete send;
+    dc_.pool().put(p);
+    throw;
+  }
   fill_header(p, MsgKind::rts_iovec, a.target.id, dc_.rank(), a.tag, static_cast<std::uint32_t>(a.parts.size()));
-  encode(p->data() + kHeader, RtsBody{a.eager.size, 0, 0, reinterpret_cast<std::uint64_t>(send)});
+  encode(p->data() + kHeader, RtsBody{a.eager.size, 0, 0, id});
   dc_.open_op();
   send->ready.store(true, std::memory_order_release);
   const Status s = dc_.send_packet(p, a.rank, need);
   if (s.is_retry()) {
     dc_.close_op();
+    pending_.remove(id);
     for (net::Registration* r : send->registrations) l.transport->deregister(r);
     delete send;
     return s;
@@ -232,6 +289,19 @@ void Rendezvous::finish(RecvOp* op) {
 void Rendezvous::start_recv(Packet* rts, const RecvDescriptor* recv) {
   const auto h = decode<WireHeader>(rts->data());
   const auto body = decode<RtsBody>(rts->data() + kHeader);
+  if (h.kind == MsgKind::rts_iovec) {
+    // The eager part and the part table must lie within the bytes that arrived (on_recv
+    // checked the fixed part).
+    const std::size_t room = rts->arrived.length - kHeader - sizeof(RtsBody);
+    if (body.size > room || h.aux > (room - body.size) / sizeof(RtsPart)) {
+      FERRY_LOG_AT(warn, dc_.rank(), dc_.index(),
+                   "dropped an iovec message from rank %d: %llu eager bytes and %u parts do not fit its %u bytes",
+                   h.src, static_cast<unsigned long long>(body.size), h.aux, rts->arrived.length);
+      dc_.count_malformed();
+      dc_.pool().put(rts);
+      return;
+    }
+  }
   auto* op = new RecvOp{};
   op->rank = h.src;
   op->tag = h.tag;
@@ -339,9 +409,16 @@ void Rendezvous::prepare(RecvOp* op) {
 
 // The receiver read everything: the sender's buffer is free again.
 void Rendezvous::on_fin(Packet* p) {
+  const auto src = decode<WireHeader>(p->data()).src;
   const auto fin = decode<FinBody>(p->data() + kHeader);
   dc_.pool().put(p);
-  auto* send = reinterpret_cast<SendOp*>(fin.send_op);
+  SendOp* send = pending_.take(fin.send_op, src);
+  if (send == nullptr) {
+    FERRY_LOG_AT(warn, dc_.rank(), dc_.index(), "dropped a FIN from rank %d that names no pending send of it (id %llx)",
+                 src, static_cast<unsigned long long>(fin.send_op));
+    dc_.count_malformed();
+    return;
+  }
   (void)send->ready.load(std::memory_order_acquire);
   for (net::Registration* r : send->registrations) send->transport->deregister(r);
   Completion c;

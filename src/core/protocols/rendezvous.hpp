@@ -12,6 +12,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 #include "core/device_context.hpp"
 #include "ferry/runtime.hpp"
@@ -19,6 +21,34 @@
 namespace ferry::detail {
 
 struct RecvOp;
+struct SendOp;
+
+// Rendezvous sends that wait for their FIN, named on the wire by an id (slot index in the low
+// 32 bits, the slot's generation in the high 32) that the receiver echoes. The id is looked up
+// here and never turned into a pointer, so a repeated, stale or forged FIN, or one from a rank
+// the send did not go to, finds nothing (and is reported) instead of freeing memory.
+//
+// Concurrency: add() by any posting thread, take() and remove() by the poll lock holder or the
+// poster; one mutex orders them. It is off the small-message path: a rendezvous post also
+// allocates and registers memory.
+class PendingSends {
+ public:
+  std::uint64_t add(SendOp* op, int rank);
+  // The send `id` names, if it went to `rank` and is still pending; it leaves the table.
+  SendOp* take(std::uint64_t id, int rank);
+  // A post that failed after add(): its slot goes back unused.
+  void remove(std::uint64_t id);
+
+ private:
+  struct Slot {
+    SendOp* op = nullptr;
+    std::uint32_t generation = 0;  // bumped when the slot is freed, so an old id misses
+    int rank = -1;
+  };
+  std::mutex mutex_;
+  std::vector<Slot> slots_;
+  std::vector<std::uint32_t> free_;
+};
 
 class Rendezvous {
  public:
@@ -58,6 +88,7 @@ class Rendezvous {
   bool send_fin(int rank, std::uint64_t send_op);
 
   DeviceContext& dc_;
+  PendingSends pending_;
   std::ptrdiff_t read_budget_ = 0;  // used by deferred steps, which only progress runs
 };
 
