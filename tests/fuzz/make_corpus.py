@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of wire_fuzz (tests/fuzz/corpus/wire/): well-formed scripts of every
+message kind of ferry's core wire format (src/core/wire.hpp), each frame as
+[u16 little-endian length][bytes]. The fuzzer mutates them; the replay test runs them as they are."""
+import os
+import struct
+import sys
+
+AM, MSG, RTS_AM, RTS_MSG, RTS_IOVEC, FIN, BARRIER, FRAG = range(1, 9)
+
+
+def header(kind, target=0, src=0, tag=0, aux=0, reserved=0):
+    return struct.pack("<BBHiII", kind, reserved, target, src, tag, aux)
+
+
+def rts(size, addr=0x10000, key=0, send_op=1):
+    return struct.pack("<QQQQ", size, addr, key, send_op)
+
+
+def fragments(kind, total, piece, msg_id=1, target=0, tag=0):
+    out = []
+    for offset in range(0, total, piece):
+        n = min(piece, total - offset)
+        out.append(header(FRAG, target, 0, tag, msg_id, kind) + struct.pack("<II", offset, total) + bytes([offset & 0xFF]) * n)
+    return out
+
+
+def script(frames):
+    return b"".join(struct.pack("<H", len(f)) + f for f in frames)
+
+
+seeds = {
+    "am_8": [header(AM, 0, tag=3) + b"\x01" * 8],
+    "am_empty_target3": [header(AM, 3)],
+    "msg_8": [header(MSG, tag=5) + b"\x02" * 8],
+    "msg_64_truncated": [header(MSG, tag=6) + b"\x03" * 100],
+    "frag_am_3000": fragments(AM, 3000, 1000),
+    "frag_msg_5000_heap": fragments(MSG, 5000, 1000, msg_id=2, tag=9),
+    "frag_reordered": list(reversed(fragments(AM, 3000, 1000, msg_id=3))),
+    "rts_am": [header(RTS_AM, 1, tag=4) + rts(100000)],
+    "rts_msg": [header(RTS_MSG, tag=7) + rts(70000, send_op=2)],
+    "rts_iovec": [header(RTS_IOVEC, 2, tag=8, aux=2) + rts(16, 0, 0, 3) + b"\x04" * 16
+                  + struct.pack("<QQQ", 4096, 0x20000, 0) + struct.pack("<QQQ", 0, 0, 0)],
+    "fin": [header(FIN) + struct.pack("<Q", 0)],
+    "barrier": [header(BARRIER, tag=(1 << 8) | 2)],
+}
+seeds["mixed"] = [f for name in ("am_8", "frag_am_3000", "rts_msg", "msg_8", "rts_iovec", "fin") for f in seeds[name]]
+
+out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "corpus", "wire")
+os.makedirs(out, exist_ok=True)
+for name, frames in seeds.items():
+    with open(os.path.join(out, name), "wb") as f:
+        f.write(script(frames))
+print(f"wrote {len(seeds)} seeds to {out}")

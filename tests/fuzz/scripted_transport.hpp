@@ -1,0 +1,110 @@
+// scripted_transport.hpp — a net::Transport whose arriving messages are a script of byte
+// frames, for feeding a real device's receive path bytes no ferry peer would send.
+//
+// Every frame is delivered, in order, into the next posted receive as a message from rank 0
+// (truncated, with -EMSGSIZE, when longer than the receive, as a transport reports it). Sends
+// and RMA complete at the next poll without moving data (a get leaves its destination as it
+// was: the bytes a hostile peer would supply are irrelevant to the receiver's bookkeeping);
+// injects are dropped. Single-threaded: the fuzz harness is the only caller.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "net/transport.hpp"
+
+namespace ferry::fuzz {
+
+class ScriptedRegistration final : public net::Registration {
+ public:
+  std::uint64_t key() const noexcept override { return 0; }
+  void* desc() const noexcept override { return nullptr; }
+};
+
+class ScriptedTransport final : public net::Transport {
+ public:
+  explicit ScriptedTransport(std::vector<std::vector<unsigned char>> frames) : frames_(frames.begin(), frames.end()) {
+    caps_.name = "scripted";
+    caps_.inject_size = 4096;
+    caps_.max_msg_size = std::size_t{1} << 30;
+    caps_.max_rma_size = std::size_t{1} << 20;
+    caps_.remote_data_bytes = 8;
+    caps_.send_queue = 64;
+  }
+
+  bool done() const noexcept { return frames_.empty(); }
+
+  std::string address() const override { return {}; }
+  void connect(const std::vector<std::string>&) override {}
+  int inject(int, const void*, std::size_t) override { return 0; }
+  int send(int rank, const void*, std::size_t len, void*, detail::OpContext* ctx) override { return complete(rank, len, ctx); }
+  int post_recv(void* buf, std::size_t len, void*, detail::OpContext* ctx) override {
+    posted_.push_back(Posted{static_cast<unsigned char*>(buf), len, ctx});
+    return 0;
+  }
+  int put(int rank, const void*, std::size_t len, void*, std::uint64_t, std::uint64_t, detail::OpContext* ctx) override {
+    return complete(rank, len, ctx);
+  }
+  int put_data(int rank, const void*, std::size_t len, void*, std::uint64_t, std::uint64_t, std::uint64_t,
+               detail::OpContext* ctx) override {
+    return complete(rank, len, ctx);
+  }
+  int inject_put(int, const void*, std::size_t, std::uint64_t, std::uint64_t) override { return 0; }
+  int get(int rank, void*, std::size_t len, void*, std::uint64_t, std::uint64_t, detail::OpContext* ctx) override {
+    return complete(rank, len, ctx);
+  }
+
+  int poll(net::Event* events, int max) override {
+    int n = 0;
+    while (n < max && !done_.empty()) {
+      events[n++] = done_.front();
+      done_.pop_front();
+    }
+    while (n < max && !frames_.empty() && !posted_.empty()) {
+      const std::vector<unsigned char>& f = frames_.front();
+      const Posted r = posted_.front();
+      posted_.pop_front();
+      const std::size_t copied = std::min(f.size(), r.len);
+      if (copied != 0) std::memcpy(r.buf, f.data(), copied);
+      net::Event& ev = events[n++];
+      ev = net::Event{};
+      ev.context = r.ctx;
+      ev.rank = 0;
+      ev.length = copied;
+      ev.error = f.size() <= r.len ? 0 : -EMSGSIZE;
+      frames_.pop_front();
+    }
+    return n;
+  }
+
+  net::Registration* register_memory(const void*, std::size_t, net::Access) override { return new ScriptedRegistration; }
+  void cancel_all() noexcept override {
+    posted_.clear();
+    done_.clear();
+  }
+
+ private:
+  struct Posted {
+    unsigned char* buf;
+    std::size_t len;
+    detail::OpContext* ctx;
+  };
+
+  int complete(int rank, std::size_t len, detail::OpContext* ctx) {
+    net::Event ev;
+    ev.context = ctx;
+    ev.rank = rank;
+    ev.length = len;
+    done_.push_back(ev);
+    return 0;
+  }
+
+  std::deque<std::vector<unsigned char>> frames_;
+  std::deque<Posted> posted_;
+  std::deque<net::Event> done_;
+};
+
+}  // namespace ferry::fuzz
