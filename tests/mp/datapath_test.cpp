@@ -1,6 +1,7 @@
 // Every operation, every size from 0 bytes to 64 MiB, data verified, on a ring of ranks:
 // each rank sends to its right neighbour and receives from its left.
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <memory>
 
@@ -183,9 +184,15 @@ void send_recv_all_sizes(Wild wild, bool recv_first) {
     const ferry::Status s = post_retry(
         dev, [&] { return dev.post_send({.rank = right(), .buffer = out.data(), .size = size, .tag = tag, .local = &send_sync}); });
     if (!recv_first) {
-      // Let the message arrive first, so it waits as unexpected.
-      ASSERT_TRUE(wait_until(dev, [&] { return false; }, 0.02) == false);
+      // The left neighbour posted its message before entering this barrier, whose first step
+      // this rank receives from it, over the same device and transport, in order: so the
+      // message has arrived, and waits as unexpected, once the barrier is done. An eager one
+      // then completes the receive at once (a rendezvous one starts its read).
+      rt().barrier();
       r = post_recv();
+      if (size <= dev.eager_limit()) {
+        EXPECT_TRUE(r.is_done()) << "size " << size << ": the message had not arrived before its receive";
+      }
     }
     int got_rank;
     ferry::Tag got_tag;
@@ -257,7 +264,7 @@ TEST(SendRecv, ALargerMessageThanTheBufferIsReportedAsTruncated) {
     const ferry::Status s = post_retry(
         dev, [&] { return dev.post_send({.rank = right(), .buffer = out.data(), .size = size, .tag = 3, .local = &ss}); });
     ASSERT_TRUE(wait_until(dev, [&] { return rs.test(); }));
-    EXPECT_FALSE(rs.results()[0].ok());
+    EXPECT_EQ(rs.results()[0].error, -EMSGSIZE) << rs.results()[0].error_string();
     EXPECT_EQ(rs.results()[0].size, in.size());
     EXPECT_EQ(first_mismatch(in.data(), in.size(), left(), size), -1) << "size " << size;
     finish(dev, s, ss);
@@ -306,6 +313,9 @@ void put_all_sizes(bool notify) {
       EXPECT_EQ(c.op, ferry::OpKind::remote_put);
       EXPECT_EQ(c.rank, left());
       EXPECT_EQ(c.tag, k);
+      // The notification promises the data: it is checked now, before any barrier.
+      EXPECT_EQ(first_mismatch(regions->local.data() + offset, size, left(), size), -1)
+          << "size " << size << ": the notification came before the data";
     }
     rt().barrier();  // every put has completed at its origin
     EXPECT_EQ(first_mismatch(regions->local.data() + offset, size, left(), size), -1) << "size " << size;

@@ -267,6 +267,10 @@ TEST(Flood, MixedSizesKeepTheirOrderWhenFragmentsArePushedBack) {
 // and a combining model never performs more than its bound in one pass. Every fourth message
 // is past shm's inject size, so fragments and their backlog see the same contention.
 std::size_t stress_size(std::uint64_t seq) { return seq % 4 == 3 ? 6000 : 8; }
+// Byte j (past the sequence number) of thread t's message seq.
+unsigned char stress_byte(std::uint64_t seq, unsigned t, std::size_t j) {
+  return static_cast<unsigned char>(seq * 131 + t * 17 + j);
+}
 
 TEST(Stress, EachThreadsMessagesArriveInOrderUnderContention) {
   const int threads = static_cast<int>(env_long("FERRY_TEST_THREADS", 4));
@@ -276,7 +280,7 @@ TEST(Stress, EachThreadsMessagesArriveInOrderUnderContention) {
   ferry::Exposure ex = rt().expose(inbox, 22);
   rt().barrier();
   std::vector<long> next(static_cast<std::size_t>(threads), 0);
-  std::atomic<long> out_of_order{0}, got{0};
+  std::atomic<long> out_of_order{0}, got{0}, corrupt{0};
   std::mutex next_mutex;
   auto drain = [&] {
     // Pop and record under one lock: two threads popping could otherwise record out of order.
@@ -292,6 +296,16 @@ TEST(Stress, EachThreadsMessagesArriveInOrderUnderContention) {
         }
       }
       expect = static_cast<long>(seq) + 1;
+      const auto* bytes = static_cast<const unsigned char*>(c->buffer.data());
+      for (std::size_t j = 8; j < c->size; ++j) {
+        if (bytes[j] != stress_byte(seq, c->tag, j)) {
+          if (corrupt.fetch_add(1) < 8) {
+            std::fprintf(stderr, "rank %d: thread %u's message %llu has a wrong byte at %zu\n", rt().rank(),
+                         static_cast<unsigned>(c->tag), static_cast<unsigned long long>(seq), j);
+          }
+          break;
+        }
+      }
       got.fetch_add(1);
     }
   };
@@ -302,6 +316,7 @@ TEST(Stress, EachThreadsMessagesArriveInOrderUnderContention) {
       for (long i = 0; i < per_thread; ++i) {
         const std::uint64_t v = static_cast<std::uint64_t>(i);
         std::memcpy(msg.data(), &v, 8);
+        for (std::size_t j = 8; j < stress_size(v); ++j) msg[j] = stress_byte(v, static_cast<unsigned>(t), j);
         (void)post_retry(dev, [&] {
           return dev.post_am({.rank = right(), .buffer = msg.data(), .size = stress_size(v), .target = {22},
                               .tag = static_cast<ferry::Tag>(t)});
@@ -318,6 +333,7 @@ TEST(Stress, EachThreadsMessagesArriveInOrderUnderContention) {
   }
   for (auto& th : pool) th.join();
   EXPECT_EQ(out_of_order.load(), 0);
+  EXPECT_EQ(corrupt.load(), 0) << "messages with wrong payload bytes";
   EXPECT_EQ(got.load(), per_thread * threads);
   const ferry::DeviceStats st = dev.stats();
   EXPECT_LE(st.max_combined_batch, 64u) << "combining exceeded its bound";
