@@ -220,6 +220,9 @@ std::size_t DeviceImpl::iovec_eager_limit(std::size_t parts) const noexcept {
 }
 
 bool DeviceImpl::post_barrier_step(int rank, std::uint32_t step) {
+  // Fragments waiting in the backlog go first, as before any post: a message sent before the
+  // barrier then reaches its target before this step does (each link keeps order).
+  if (!fragments_.clear()) return false;
   Packet* p = pool_->get();
   if (p == nullptr) return false;
   fill_header(p, MsgKind::barrier, 0, runtime_.rank(), step);

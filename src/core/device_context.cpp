@@ -64,6 +64,7 @@ DeviceContext::DeviceContext(RuntimeImpl& runtime, int index, const Config& conf
   for (const auto& t : transports_) {
     const net::Caps& caps = t->caps();
     Link l{t.get(), caps.inject_size, caps.gather_inject ? caps.inject_size : 0, &caps, nullptr, nullptr, 0, 0, 0};
+    l.whole_frame = std::min(caps.inject_size, config.packet_size);
     // The packet slab is registered once per transport; the desc matters only under local_registration.
     l.pool_registration = t->register_memory(pool_->slab(), pool_->slab_bytes(), net::Access::send | net::Access::recv);
     l.pool_desc = caps.local_registration ? l.pool_registration->desc() : nullptr;
@@ -93,7 +94,7 @@ void DeviceContext::plan_fragments() {
     // a packet (FERRY_PACKET_SIZE below the inject size would otherwise truncate every one).
     const std::size_t frame = std::min(
         caps.gather_inject ? caps.inject_size : std::min(caps.inject_size, kMaxFragmentFrame), config_.packet_size);
-    if (wanted && frame >= kMinFragmentInject && kHeader + limit > caps.inject_size) {
+    if (wanted && frame >= kMinFragmentInject && kHeader + limit > l.whole_frame) {
       l.fragment_payload = frame - kFragmentHeader;
       l.fragment_limit = limit;
       fragment_limit_ = std::max(fragment_limit_, limit);

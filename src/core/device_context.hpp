@@ -46,9 +46,13 @@ struct Link {
   std::size_t fragment_payload;          // payload bytes per fragment; 0 when not fragmenting
   std::size_t fragment_limit;            // messages past the inject size and up to this are fragmented
   std::size_t posted_recvs;              // owned by the poll lock holder
-  // Whether a message of `size` payload bytes goes as fragments over this link.
+  // The largest frame that goes whole, in one inject and one receive packet:
+  // min(inject_size, FERRY_PACKET_SIZE).
+  std::size_t whole_frame = 0;
+  // Whether a message of `size` payload bytes goes as fragments over this link: it is within
+  // the fragment limit and does not go whole.
   bool fragmented(std::size_t size) const noexcept {
-    return size <= fragment_limit && kHeader + size > inject_size;
+    return size <= fragment_limit && kHeader + size > whole_frame;
   }
 };
 
