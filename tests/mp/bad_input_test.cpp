@@ -81,6 +81,36 @@ TEST(BadInput, EveryInvalidArgumentIsNamedWithItsValue) {
               }),
               HasSubstr("notify_tag=70000"));
   EXPECT_THAT(error_of([&] { return dev.register_memory(nullptr, 64); }), HasSubstr("data=null with size=64"));
+  EXPECT_THAT(error_of([&] { return dev.register_memory(local.data(), 0); }), HasSubstr("register_memory: size=0"));
+  if (rt().device_count() > 1) {  // a key is for the device that registered its region
+    ferry::MemoryRegion mr1 = rt().device(1).register_memory(region.data(), region.size());
+    const auto keys1 = allgather<ferry::RemoteKey>("mp.bad.rkey1", mr1.remote_key());
+    EXPECT_THAT(error_of([&] {
+                  return dev.post_put({.rank = peer, .buffer = local.data(), .size = 8,
+                                       .remote = keys1[static_cast<std::size_t>(peer)]});
+                }),
+                HasSubstr("remote key was registered on device 1, but the operation uses device 0"));
+  }
+
+  // iovec active messages: the descriptor must fit one packet, and the sizes one size_t.
+  const std::vector<ferry::IoPart> many(4096, ferry::IoPart{local.data(), 1});
+  EXPECT_THAT(error_of([&] { return dev.post_am_iovec({.rank = peer, .eager = {&byte, 1}, .parts = many, .target = {1}}); }),
+              HasSubstr("post_am_iovec: eager.size=1 with 4096 parts needs"));
+  EXPECT_THAT(error_of([&] {
+                return dev.post_am_iovec(
+                    {.rank = peer, .eager = {local.data(), 8192}, .parts = {{local.data(), 8}}, .target = {1}});
+              }),
+              HasSubstr("post_am_iovec: eager.size=8192 with 1 parts needs"));
+  EXPECT_THAT(error_of([&] {
+                // Four parts of 2^62 bytes (each within the size limit) sum past 2^64.
+                const std::vector<ferry::IoPart> huge(4, ferry::IoPart{local.data(), std::size_t{1} << 62});
+                return dev.post_am_iovec({.rank = peer, .parts = huge, .target = {1}});
+              }),
+              HasSubstr("the parts' sizes overflow"));
+
+  // Completion objects.
+  EXPECT_THAT(error_of([&] { return ferry::CompletionQueue({.capacity = (std::size_t{1} << 28) + 1}); }),
+              HasSubstr("CompletionQueueOptions::capacity=268435457 is out of range"));
 
   // Remote targets.
   ferry::CompletionQueue cq;

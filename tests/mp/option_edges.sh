@@ -37,6 +37,8 @@ works() {
 refused "FERRY_PACKETS=256" "FERRY_PACKETS=256" "FERRY_PREPOST=256"
 refused "FERRY_PACKETS=100" "FERRY_PREPOST=256" "FERRY_PACKETS=100"
 refused "FERRY_PACKETS=64 FERRY_PREPOST=64" "FERRY_PACKETS=64" "FERRY_PREPOST=64"
+# A provider libfabric does not have is named in the error.
+refused "FERRY_TRANSPORT=ofi FERRY_PROVIDER=bogus" "bogus"
 works "FERRY_PACKETS=257" "$hello"
 works "FERRY_PACKETS=2 FERRY_PREPOST=1" "$hello"
 # Packets smaller than the transport's inject size: fragments are cut to fit a packet, and

@@ -257,6 +257,38 @@ TEST_F(Env, MalformedEnvironmentValueNamesVariableAndValue) {
   EXPECT_TRUE(contains(*what, "'abc'")) << *what;
 }
 
+// Every option of every layer that is not free text, set to a value its type cannot take, is
+// refused by the layer that owns it, naming the variable and the value: the choice options
+// (FERRY_LOCK_MODEL=bogus, FERRY_PROVIDER's and FERRY_PARCELPORT's neighbours...), counts,
+// sizes and booleans alike.
+TEST_F(Env, EveryOptionRefusesAValueOfTheWrongKindByName) {
+  using T = ferry::OptionType;
+  auto resolve_all = [] {
+    (void)ferry::runtime_option_table().resolve();
+    (void)ferry::parcel::option_table().resolve();
+    (void)ferry::amt::option_table().resolve();
+  };
+  int checked = 0;
+  for (const ferry::OptionInfo* o : all_options()) {
+    const char* bad = nullptr;
+    switch (o->type) {
+      case T::choice: bad = "bogus"; break;
+      case T::size: bad = "12x"; break;
+      case T::count: bad = "-3"; break;
+      case T::boolean: bad = "maybe"; break;
+      case T::text: continue;
+    }
+    set(o->env, bad);
+    const std::optional<std::string> what = error_of(resolve_all);
+    ::unsetenv(o->env);
+    ASSERT_TRUE(what.has_value()) << o->env << "=" << bad << " was accepted";
+    EXPECT_TRUE(contains(*what, o->env)) << *what;
+    EXPECT_TRUE(contains(*what, bad)) << *what;
+    ++checked;
+  }
+  EXPECT_GE(checked, 20);  // every layer's typed rows (24 when written)
+}
+
 TEST_F(Env, EveryMalformedSizeVariableIsReported) {
   for (const char* var : {"FERRY_DEVICES", "FERRY_PACKET_SIZE", "FERRY_PACKETS", "FERRY_PREPOST",
                           "FERRY_SEND_CREDITS", "FERRY_CQ_CAPACITY", "FERRY_MAX_TARGETS", "FERRY_RDV_THRESHOLD",
