@@ -6,19 +6,24 @@
 #   scripts/fuzz.sh                          # about a minute in all (CI)
 #   scripts/fuzz.sh --seconds 600            # longer, split over the targets
 #   scripts/fuzz.sh --runs 10000000 --out results/fuzz-$(date +%Y%m%d)   # the long run, summary kept
+#   scripts/fuzz.sh --targets parcel_header --seconds 30                  # some of the targets
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=60 runs="" out=""
+targets=(wire parcel_header)
 while (($#)); do
   case "$1" in
     --seconds) seconds=${2:?--seconds takes a number}; shift 2 ;;
     --runs) runs=${2:?--runs takes a number}; shift 2 ;;
     --out) out=${2:?--out takes a directory}; shift 2 ;;
-    *) echo "fuzz.sh: unknown argument '$1'; valid: --seconds N, --runs N, --out DIR" >&2; exit 2 ;;
+    --targets) IFS=, read -r -a targets <<<"${2:?--targets takes a comma-separated list}"; shift 2 ;;
+    *) echo "fuzz.sh: unknown argument '$1'; valid: --seconds N, --runs N, --out DIR, --targets A,B" >&2; exit 2 ;;
   esac
 done
+for t in "${targets[@]}"; do
+  [ -f "tests/fuzz/${t}_fuzz.cpp" ] || { echo "fuzz.sh: --targets: '$t' is not a target; valid: wire, parcel_header" >&2; exit 2; }
+done
 scripts/deps.sh
-targets=(wire)
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE=address -DFERRY_FUZZ=ON \
   -DFERRY_BUILD_BENCH=OFF >build-fuzz.configure.log 2>&1 || { cat build-fuzz.configure.log; exit 1; }
 cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]/#/ferry-fuzz-}"

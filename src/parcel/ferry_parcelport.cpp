@@ -55,6 +55,7 @@
 #include "common/random.hpp"
 #include "ferry/error.hpp"
 #include "ferry/ferry.hpp"
+#include "parcel/header.hpp"
 #include "parcel/progress_policy.hpp"
 
 namespace ferry::parcel::detail {
@@ -72,16 +73,9 @@ constexpr std::uint32_t kSyncWindow = 32;
 using Progress = ProgressMode;  // the core's FERRY_PROGRESS
 using Polling = DevicePolling;  // FERRY_DEVICE_POLLING
 
-// What travels in front of every header: then zc_count sizes (u64), then the nzc if piggybacked.
-struct ParcelHeader {
-  std::uint32_t tag;       // follow-up tag; 0 when there are none
-  std::uint32_t nzc_size;
-  std::uint16_t zc_count;
-  std::uint8_t piggyback;  // the nzc bytes follow the size table
-  std::uint8_t device;     // the device the follow-ups use
-  std::uint32_t reserved;
-};
-static_assert(sizeof(ParcelHeader) == 16);
+// What travels in front of every header (header.hpp): then zc_count sizes (u64), then the nzc
+// if piggybacked.
+using detail::ParcelHeader;
 
 void release_malloc(void*, void* data) noexcept { std::free(data); }
 
@@ -778,34 +772,16 @@ class FerryParcelport final : public Parcelport {
   // iovec, `parts` holds the follow-ups that came with it.
   void on_header(int source, Buffer header, std::vector<Buffer> parts) {
     const auto* base = static_cast<const std::byte*>(header.data());
-    ParcelHeader h;
-    if (header.size() < sizeof h) {
-      FERRY_LOG_AT(warn, rank(), -1, "parcelport: dropped a %zu-byte header from rank %d", header.size(), source);
+    detail::HeaderView v;
+    if (!detail::check_header(base, header.size(), parts.size(), v)) {
+      FERRY_LOG_AT(warn, rank(), -1, "parcelport: dropped a malformed %zu-byte header from rank %d (%zu parts)",
+                   header.size(), source, parts.size());
       return;
     }
-    std::memcpy(&h, base, sizeof h);
-    // The size table and a piggybacked nzc must lie within the header; with iovec, the parts
-    // that came along must be the ones the header counts.
-    const std::size_t room = header.size() - sizeof h;
-    const std::size_t table = std::size_t{h.zc_count} * sizeof(std::uint64_t);
-    const bool fits = table <= room && (!h.piggyback || h.nzc_size <= room - table);
-    const bool parts_agree = parts.empty() || parts.size() == std::size_t{h.zc_count} + (h.piggyback ? 0 : 1);
-    if (!fits || !parts_agree) {
-      FERRY_LOG_AT(warn, rank(), -1,
-                   "parcelport: dropped a malformed %zu-byte header from rank %d (%u zero-copy sizes, %u nzc bytes%s, "
-                   "%zu parts)",
-                   header.size(), source, static_cast<unsigned>(h.zc_count), h.nzc_size,
-                   h.piggyback ? " inline" : "", parts.size());
-      return;
-    }
-    const std::byte* at = base + sizeof h;
+    const ParcelHeader& h = v.h;
+    const std::byte* at = v.nzc;
     std::vector<std::size_t> sizes(h.zc_count);
-    for (auto& s : sizes) {
-      std::uint64_t v;
-      std::memcpy(&v, at, sizeof v);
-      s = v;
-      at += sizeof v;
-    }
+    for (std::size_t i = 0; i < sizes.size(); ++i) sizes[i] = detail::zc_size(v, i);
     if (!parts.empty()) {  // iovec: everything is here
       Parcel p;
       std::size_t k = 0;

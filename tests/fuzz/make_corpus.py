@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus of wire_fuzz (tests/fuzz/corpus/wire/): well-formed scripts of every
-message kind of ferry's core wire format (src/core/wire.hpp), each frame as
-[u16 little-endian length][bytes]. The fuzzer mutates them; the replay test runs them as they are."""
+"""Writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/): for wire_fuzz,
+well-formed scripts of every message kind of ferry's core wire format (src/core/wire.hpp), each
+frame as [u16 little-endian length][bytes]; for parcel_header_fuzz, well-formed parcel headers.
+The fuzzers mutate them; the replay tests run them as they are."""
 import os
 import struct
 import sys
@@ -46,9 +47,26 @@ seeds = {
 }
 seeds["mixed"] = [f for name in ("am_8", "frag_am_3000", "rts_msg", "msg_8", "rts_iovec", "fin") for f in seeds[name]]
 
-out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "corpus", "wire")
-os.makedirs(out, exist_ok=True)
-for name, frames in seeds.items():
-    with open(os.path.join(out, name), "wb") as f:
-        f.write(script(frames))
-print(f"wrote {len(seeds)} seeds to {out}")
+
+def parcel_header(parts, zc_sizes, nzc, piggyback):
+    """parcel_header_fuzz's input: the iovec part count, then a header (src/parcel/header.hpp)."""
+    head = struct.pack("<IIHBBI", 7, len(nzc), len(zc_sizes), 1 if piggyback else 0, 0, 0)
+    return bytes([parts]) + head + b"".join(struct.pack("<Q", s) for s in zc_sizes) + (nzc if piggyback else b"")
+
+
+parcel_seeds = {
+    "small_piggyback": parcel_header(0, [], b"\x05" * 40, True),
+    "zc_two_piggyback": parcel_header(0, [4096, 0], b"\x06" * 24, True),
+    "zc_apart": parcel_header(0, [100, 200, 300], b"\x07" * 500, False),
+    "iovec_piggyback": parcel_header(2, [16384, 8], b"\x08" * 16, True),
+    "iovec_apart": parcel_header(3, [16384, 8], b"\x09" * 3000, False),
+}
+
+root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "corpus")
+for target, files in (("wire", {n: script(f) for n, f in seeds.items()}), ("parcel_header", parcel_seeds)):
+    out = os.path.join(root, target)
+    os.makedirs(out, exist_ok=True)
+    for name, data in files.items():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+    print(f"wrote {len(files)} seeds to {out}")
