@@ -135,12 +135,22 @@ Status Rendezvous::post(OpKind op, int rank, Tag tag, std::uint16_t target, cons
          RtsBody{size, l.caps->rma_virtual_address ? reinterpret_cast<std::uint64_t>(buffer) : 0, mr->key(), id});
   dc_.open_op();
   send->ready.store(true, std::memory_order_release);
-  const Status s = dc_.send_packet(p, rank, kHeader + sizeof(RtsBody));
-  if (s.is_retry()) {
+  // The RTS did not leave (retry, or a transport error thrown): the send is undone whole.
+  auto undo = [&] {
     dc_.close_op();
     pending_.remove(id);
     l.transport->deregister(mr);
     delete send;
+  };
+  Status s;
+  try {
+    s = dc_.send_packet(p, rank, kHeader + sizeof(RtsBody));
+  } catch (...) {
+    undo();
+    throw;
+  }
+  if (s.is_retry()) {
+    undo();
     return s;
   }
   return Status::make_posted();
@@ -192,12 +202,21 @@ Status Rendezvous::post_iovec(const AmIovecArgs& a, std::size_t total) {
   encode(p->data() + kHeader, RtsBody{a.eager.size, 0, 0, id});
   dc_.open_op();
   send->ready.store(true, std::memory_order_release);
-  const Status s = dc_.send_packet(p, a.rank, need);
-  if (s.is_retry()) {
+  auto undo = [&] {
     dc_.close_op();
     pending_.remove(id);
     for (net::Registration* r : send->registrations) l.transport->deregister(r);
     delete send;
+  };
+  Status s;
+  try {
+    s = dc_.send_packet(p, a.rank, need);
+  } catch (...) {
+    undo();
+    throw;
+  }
+  if (s.is_retry()) {
+    undo();
     return s;
   }
   return Status::make_posted();

@@ -95,7 +95,12 @@ Status Rma::post(const RmaRequest& r) {
     Packet* p = dc_.pool().get();
     if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
     net::Registration* mr = nullptr;
-    if (caps.local_registration && r.size != 0) mr = t->register_memory(r.local, r.size, access);
+    try {
+      if (caps.local_registration && r.size != 0) mr = t->register_memory(r.local, r.size, access);
+    } catch (...) {
+      dc_.pool().put(p);  // the packet goes back with the error
+      throw;
+    }
     if (!dc_.take_credit()) {
       release_registration(t, mr);
       dc_.pool().put(p);
