@@ -67,7 +67,10 @@ void* take(std::size_t size, std::size_t offset) noexcept {
     }
   }
   const std::size_t bytes = k < kClasses ? (std::size_t{1} << (k + kMinShift)) : size;
-  if (bytes > SIZE_MAX - 3 * kPrefix) return nullptr;
+  // No process can hold 2^47 bytes (the user half of a 48-bit address space): a size past
+  // that (a hostile peer's, say) fails here, without asking the allocator, whose sanitizer
+  // builds would stop the process rather than return null.
+  if (bytes >= (std::size_t{1} << 47)) return nullptr;
   // A cache line of slack at the end leaves room for any offset; aligned_alloc wants a
   // multiple of the alignment.
   const std::size_t total = (kPrefix + bytes + cache_line + cache_line - 1) / cache_line * cache_line;

@@ -96,6 +96,11 @@ TEST_F(RecvBlocks, TinyAndHugeSizesWork) {
   const std::size_t before = rb::cached_bytes();
   rb::give(h);
   EXPECT_EQ(rb::cached_bytes(), before);
+  // Sizes no process can hold (a hostile peer's) fail without reaching the allocator, which
+  // under a sanitizer would stop the process.
+  EXPECT_EQ(rb::take(std::size_t{1} << 47), nullptr);
+  EXPECT_EQ(rb::take(std::size_t{1} << 60, 17), nullptr);
+  EXPECT_EQ(rb::take(SIZE_MAX), nullptr);
 }
 
 TEST_F(RecvBlocks, ThreadsTakeAndGiveConcurrentlyWithoutSharingABlock) {
