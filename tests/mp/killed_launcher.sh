@@ -41,5 +41,15 @@ done
 for p in $ranks; do
   ls /dev/shm | grep "^ferry-$p-" && fail "a segment of rank pid $p is left in /dev/shm"
 done
+# libfabric's shm provider (FERRY_TRANSPORT=ofi) keeps its region ("<pid>:<n>:<n>") until its
+# endpoint closes, which a SIGKILLed process never does: a known limit of that provider, not
+# of ferry's segments. The test removes its own ranks' regions, by pid, and says so.
+for p in $ranks; do
+  for f in /dev/shm/"$p":*; do
+    [ -e "$f" ] || continue
+    echo "note: removing libfabric's region $f of the killed rank pid $p"
+    rm -f "$f"
+  done
+done
 ranks=""
 echo "ok: both ranks ended within $((SECONDS - killed)) s of ferryrun's SIGKILL; no segment left"
