@@ -1,6 +1,5 @@
 #include <unistd.h>
 
-#include <cctype>
 #include <chrono>
 #include <cstdlib>
 
@@ -35,21 +34,25 @@ std::string job_wide_settings(const Resolved<RuntimeSettings>& options) {
   return text;
 }
 
-// Names the first job-wide option on which rank `other` differs from this rank.
-[[noreturn]] void settings_differ(const std::string& mine, const std::string& theirs, int rank, int other) {
-  std::size_t a = 0, b = 0;
+// Names the first job-wide option on which rank `other` differs from this rank, by the
+// option table's own variable name.
+[[noreturn]] void settings_differ(const Resolved<RuntimeSettings>& options, const std::string& theirs, int rank,
+                                  int other) {
+  std::size_t at = 0;
   for (const char* name : kJobWideOptions) {
-    const std::size_t ea = mine.find('\n', a), eb = theirs.find('\n', b);
-    const std::string va = mine.substr(a, ea - a), vb = eb == std::string::npos ? theirs.substr(b) : theirs.substr(b, eb - b);
-    if (va != vb) {
-      std::string env = "FERRY_";
-      for (const char* c = name; *c != '\0'; ++c) env += static_cast<char>(std::toupper(static_cast<unsigned char>(*c)));
-      throw Error("ranks disagree on " + env + ": rank " + std::to_string(other) + " has '" + vb + "', rank " +
-                  std::to_string(rank) + " has '" + va + "'; every rank of a job must use the same " + env);
+    const std::size_t end = theirs.find('\n', at);
+    if (end == std::string::npos) break;
+    const std::string value = theirs.substr(at, end - at);
+    if (value != options.value(name)) {
+      const char* env = name;
+      for (const ResolvedOption& o : options.options) {
+        if (std::string_view(o.info->name) == name) env = o.info->env;
+      }
+      throw Error(std::string("ranks disagree on ") + env + ": rank " + std::to_string(other) + " has '" + value +
+                  "', rank " + std::to_string(rank) + " has '" + options.value(name) +
+                  "'; every rank of a job must use the same " + env);
     }
-    if (eb == std::string::npos) break;
-    a = ea + 1;
-    b = eb + 1;
+    at = end + 1;
   }
   throw Error("rank " + std::to_string(other) + " sent settings this rank cannot read (a different ferry version?)");
 }
@@ -68,7 +71,7 @@ std::vector<std::string> exchange_hosts(bootstrap::Bootstrap& boot, const std::s
     hosts[static_cast<std::size_t>(r)] = boot.get(r, "ferry.host");
     if (r == boot.rank()) continue;
     const std::string theirs = boot.get(r, "ferry.settings");
-    if (theirs != settings) settings_differ(settings, theirs, boot.rank(), r);
+    if (theirs != settings) settings_differ(options, theirs, boot.rank(), r);
   }
   return hosts;
 }
