@@ -14,6 +14,7 @@
 #pragma once
 
 #include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -88,6 +89,10 @@ class Buffer {
   void* owner_ = nullptr;
 };
 
+// Completion::error of an operation that could not finish because its peer (Completion::rank)
+// failed: a pending send, receive, rendezvous, put or get to or from that rank.
+inline constexpr int peer_failed_error = -EHOSTDOWN;
+
 // One finished operation.
 struct Completion {
   OpKind op = OpKind::am;
@@ -95,7 +100,7 @@ struct Completion {
   Tag tag = 0;
   std::size_t size = 0;       // bytes moved (a receive: bytes delivered)
   void* context = nullptr;    // the caller's context pointer from the post
-  int error = 0;              // 0, or a negative errno value (-EMSGSIZE: truncated, -EIO, -ENOMEM, ...)
+  int error = 0;              // 0, or a negative errno value (-EMSGSIZE: truncated, peer_failed_error, -EIO, ...)
   Buffer buffer;              // remote_am: the eager payload, now owned by the caller
   std::vector<Buffer> parts;  // remote_am from post_am_iovec: the zero-copy parts
 

@@ -15,4 +15,15 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error("ferry: " + what) {}
 };
 
+// A collective (Runtime::barrier, Runtime::finalize) or a wait that cannot finish because a
+// peer failed; rank() is the first failed rank this process learned of.
+class PeerFailed : public Error {
+ public:
+  PeerFailed(int rank, const std::string& what) : Error(what), rank_(rank) {}
+  int rank() const noexcept { return rank_; }
+
+ private:
+  int rank_;
+};
+
 }  // namespace ferry

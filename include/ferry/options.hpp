@@ -289,6 +289,7 @@ struct RuntimeOptions {
   std::string fragment{};  // auto, off
   std::size_t fragment_max = 0;
   std::size_t recv_cache = 0;
+  int peer_check_ms = 0;
   std::string lock_model{};
   std::string completion{};
   std::string progress{};
@@ -329,6 +330,7 @@ struct RuntimeSettings {
   FragmentMode fragment = FragmentMode::on;
   std::size_t fragment_max = 0;
   std::size_t recv_cache = 0;
+  int peer_check_ms = 0;
   LockModel lock_model = LockModel::lockless;
   CompletionMechanism completion = CompletionMechanism::cq;
   CountedChoice<ProgressMode> progress{};  // count: N of thread:N, else 0

@@ -194,7 +194,9 @@ class Runtime {
   // Collective over all ranks of the job: bootstraps, opens the provider, exchanges addresses.
   explicit Runtime(const RuntimeOptions& options = {});
   // Collective: drains this rank's operations, waits for all ranks, then closes. After it,
-  // every call on the runtime or its devices throws ferry::Error.
+  // every call on the runtime or its devices throws ferry::Error. When a peer has failed it
+  // still closes this rank (without waiting for the dead) and then throws ferry::PeerFailed
+  // naming the rank; the destructor's own finalize swallows that.
   void finalize();
   // Finalizes if finalize() was not called.
   ~Runtime();
@@ -222,8 +224,26 @@ class Runtime {
   // Collective and blocking: returns when every rank has called it. Operations this rank
   // posted before it are performed (not necessarily completed) first. Progresses every device
   // of this rank while it waits, so peers waiting on this rank's progress are served. One
-  // thread per rank at a time.
+  // thread per rank at a time. Throws ferry::PeerFailed naming the rank when a peer has failed
+  // (before or while waiting): a barrier cannot complete without every rank.
   void barrier();
+  // The ranks this process knows to have failed, ascending (empty when all are well).
+  //
+  // Peer failure. A peer fails when its process dies (crash, SIGKILL, exit without finalize)
+  // or its transport reports it unreachable. Every rank learns of it within a bound
+  // (FERRY_PEER_CHECK_MS for ranks on its host, whose processes it watches; at once on a
+  // connection error for the others). Then, on every device, as progress() runs:
+  //  - every pending operation to or from that rank (a send or rendezvous awaiting its
+  //    receiver, a receive naming that rank, a put or get) signals its completion object once
+  //    with Completion::error == peer_failed_error and Completion::rank == the rank;
+  //  - a new post naming that rank returns Status failed (kind failed, rank set) and signals
+  //    nothing; a receive from any_source still matches the other ranks' messages, and
+  //    messages that arrived from the rank before it failed are still delivered;
+  //  - barrier() and finalize() throw ferry::PeerFailed;
+  //  - traffic among the surviving ranks goes on unchanged.
+  std::vector<int> failed_ranks() const;
+  // How many ranks this process knows to have failed: one relaxed load, for polling.
+  std::uint32_t failure_count() const noexcept;
   // Bootstrap key-value exchange, for setup (e.g. sending RemoteKeys).
   void kv_put(const std::string& key, const std::string& value);
   void kv_fence();

@@ -19,6 +19,7 @@ const char* to_string(StatusKind kind) noexcept {
     case StatusKind::done: return "done";
     case StatusKind::posted: return "posted";
     case StatusKind::retry: return "retry";
+    case StatusKind::failed: return "failed";
   }
   return "?";
 }
@@ -48,6 +49,7 @@ const char* to_string(OpKind kind) noexcept {
 
 std::string Completion::error_string() const {
   if (error == 0) return "success";
+  if (error == peer_failed_error) return "rank " + std::to_string(rank) + " failed";
   return std::string(std::strerror(-error)) + " (" + std::to_string(error) + ") with rank " + std::to_string(rank);
 }
 

@@ -205,6 +205,7 @@ inline void DeviceImpl::check_target(const char* call, std::uint16_t id) const {
 
 Status DeviceImpl::post_am(const AmArgs& a) {
   check(a);
+  if (__builtin_expect(peer_down(a.rank), 0)) return Status::make_failed(a.rank);
   if (!fragments_.clear()) return Status::make_retry(RetryReason::provider);
   Link& l = link(a.rank);
   if (l.fragmented(a.size)) return fragments_.post(l, MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
@@ -231,6 +232,7 @@ bool DeviceImpl::post_barrier_step(int rank, std::uint32_t step) {
 
 Status DeviceImpl::post_send(const SendArgs& a) {
   check(a);
+  if (__builtin_expect(peer_down(a.rank), 0)) return Status::make_failed(a.rank);
   if (!fragments_.clear()) return Status::make_retry(RetryReason::provider);
   Link& l = link(a.rank);
   if (l.fragmented(a.size)) return fragments_.post(l, MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
@@ -242,6 +244,7 @@ Status DeviceImpl::post_send(const SendArgs& a) {
 
 Status DeviceImpl::post_am_iovec(const AmIovecArgs& a) {
   const std::size_t total = check(a);
+  if (peer_down(a.rank)) return Status::make_failed(a.rank);
   return rendezvous_.post_iovec(a, total);
 }
 
@@ -250,14 +253,22 @@ Status DeviceImpl::post_am_iovec(const AmIovecArgs& a) {
 Status DeviceImpl::post_recv(const RecvArgs& a) {
   check(a);
   const RecvDescriptor spec{{a.rank, a.tag}, a.buffer, a.size, a.local, a.context};
+  // From a failed rank only a message that arrived before the failure can still match.
+  const bool from_failed = a.rank != any_source && peer_down(a.rank);
   const auto res = matching_.add_recv(a.rank, a.tag, [&]() -> Packet* {
+    if (from_failed) return nullptr;
     Packet* r = recv_descriptors_->get();
     if (r != nullptr) r->recv = spec;
     return r;
   });
   Packet* m = res.message;
   if (m == nullptr) {
-    return res.queued != nullptr ? Status::make_posted() : Status::make_retry(RetryReason::packet_pool);
+    if (from_failed) return Status::make_failed(a.rank);
+    if (res.queued == nullptr) return Status::make_retry(RetryReason::packet_pool);
+    // Read after the matching lock (taken by fail_peer's sweep too): a receive queued for a
+    // rank that failed meanwhile is failed here if the sweep ran before it was queued.
+    if (__builtin_expect(a.rank != any_source && peer_down(a.rank), 0)) fail_recvs(a.rank);
+    return Status::make_posted();
   }
   const auto h = decode<WireHeader>(m->data());
   if (h.kind == MsgKind::rts_msg) {
@@ -293,6 +304,40 @@ void DeviceImpl::deliver_message(const RecvDescriptor& recv, Packet* message) {
   if (c.size != 0) std::memcpy(recv.buffer, message_payload(message), c.size);
   release_message(message);
   signal_local(recv.local, std::move(c));
+}
+
+void DeviceImpl::fail_recvs(int rank) {
+  matching_.take_recvs_from(rank, [&](Packet* r) {
+    const RecvDescriptor d = r->recv;
+    recv_descriptors_->put(r);
+    Completion c;
+    c.op = OpKind::recv;
+    c.rank = rank;
+    c.tag = d.want.tag;
+    c.context = d.context;
+    c.error = peer_failed_error;
+    signal_local(d.local, std::move(c));
+  });
+}
+
+void DeviceImpl::fail_peer(int rank) {
+  for (Link& l : links_) l.transport->peer_failed(rank);
+  fail_recvs(rank);
+  rendezvous_.fail_peer(rank);
+  fragments_.fail_peer(rank);
+}
+
+void DeviceImpl::check_failures() {
+  runtime_.check_peers();
+  const std::uint32_t count = runtime_.failure_count();
+  if (count == failures_seen_) return;
+  failures_seen_ = count;
+  if (handled_.empty()) handled_.assign(static_cast<std::size_t>(runtime_.size()), 0);
+  for (int r = 0; r < runtime_.size(); ++r) {
+    if (handled_[static_cast<std::size_t>(r)] != 0 || !peer_down(r)) continue;
+    handled_[static_cast<std::size_t>(r)] = 1;
+    fail_peer(r);
+  }
 }
 
 const unsigned char* DeviceImpl::message_payload(Packet* m) noexcept {
@@ -471,12 +516,14 @@ void DeviceImpl::check_iovec_fits(const AmIovecArgs& a) const {
 
 Status DeviceImpl::post_put(const PutArgs& a) {
   const std::uint64_t data = check(a);
+  if (__builtin_expect(peer_down(a.rank), 0)) return Status::make_failed(a.rank);
   return rma_.post(RmaRequest{OpKind::put, a.rank, static_cast<unsigned char*>(const_cast<void*>(a.buffer)), a.size,
                                     a.remote, a.offset, a.local, a.context, a.notify, data});
 }
 
 Status DeviceImpl::post_get(const GetArgs& a) {
   check(a);
+  if (__builtin_expect(peer_down(a.rank), 0)) return Status::make_failed(a.rank);
   if (a.size == 0) return Status::make_done();
   return rma_.post(RmaRequest{OpKind::get, a.rank, static_cast<unsigned char*>(a.buffer), a.size, a.remote, a.offset,
                                     a.local, a.context, false, 0});
@@ -552,20 +599,24 @@ void DeviceImpl::on_event(Link& l, const net::Event& e) {
       return_credit();
       if (__builtin_expect(err != 0, 0)) {
         // An eager send already returned done: the caller cannot be told, so say it loudly.
-        FERRY_LOG_AT(error, runtime_.rank(), index_, "a send to rank %d failed: %s", p->send.rank,
-                     net::error_text("send", err).c_str());
+        // To a failed peer that is expected, and the failure itself was reported once.
+        if (peer_gone_error(err)) runtime_.peer_failed(p->send.rank, net::error_text("send", err));
+        if (!peer_down(p->send.rank)) {
+          FERRY_LOG_AT(error, runtime_.rank(), index_, "a send to rank %d failed: %s", p->send.rank,
+                       net::error_text("send", err).c_str());
+        }
       }
       pool_->put(p);
       return;
     }
     case CtxKind::rma_single:
-      rma_.on_single(reinterpret_cast<Packet*>(ctx), l.transport, err);
+      rma_.on_single(reinterpret_cast<Packet*>(ctx), l.transport, err, e.abandoned);
       return;
     case CtxKind::rma_chunk:
-      rma_.on_chunk(reinterpret_cast<Chunk*>(ctx), err);
+      rma_.on_chunk(reinterpret_cast<Chunk*>(ctx), err, e.abandoned);
       return;
     case CtxKind::rdv_read:
-      rendezvous_.on_read(reinterpret_cast<Chunk*>(ctx), err);
+      rendezvous_.on_read(reinterpret_cast<Chunk*>(ctx), err, e.abandoned);
       return;
   }
 }
@@ -595,6 +646,9 @@ bool DeviceImpl::progress() {
     }
     any = any || n > 0;
   }
+  // One increment and one test per call; the peer check (a clock read) every 1024 calls. After
+  // the poll, so what a failed peer sent before it died is taken in before its operations fail.
+  if (__builtin_expect((++progress_calls_ & 1023) == 0, 0) || runtime_.failure_count() != failures_seen_) check_failures();
   run_deferred();
   // Relaxed: a stale zero only leaves the backlog to the next post or progress call.
   if (fragments_.backlog() != 0) fragments_.flush();

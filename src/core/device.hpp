@@ -103,6 +103,13 @@ class DeviceImpl : public DeviceContext {
   std::size_t in_flight() const noexcept;
   void mark_finalized() noexcept { finalized_.store(true, std::memory_order_relaxed); }
 
+  // Peer failure, acted on by progress (under the poll lock) once the runtime's failure count
+  // moves: every operation pending to or from a newly failed rank completes with
+  // peer_failed_error. Ordering with posts racing it: the runtime's flag is set before the
+  // count moves; a post that queues something (a receive, a rendezvous send) does so under a
+  // lock this sweep also takes, and reads the flag after it, failing its own operation if set.
+  void fail_peer(int rank);
+
   // Sends a Runtime::barrier step to `rank`; false when it must be retried.
   bool post_barrier_step(int rank, std::uint32_t step);
 
@@ -139,6 +146,10 @@ class DeviceImpl : public DeviceContext {
   static std::size_t message_size(const Packet* m) noexcept;
   void release_message(Packet* m) noexcept;
   void repost(Link& link);
+  // The slow path of progress: the peer check, every 1024 calls, and failures not yet acted on.
+  void check_failures();
+  // Signals each receive taken off the matching engine for failed `rank` with the failure.
+  void fail_recvs(int rank);
 
   // Descriptors of receives that wait for their message: a pool of their own, so posting a
   // receive never competes with the packets that carry (and hold) arriving messages.
@@ -149,6 +160,10 @@ class DeviceImpl : public DeviceContext {
   Rendezvous rendezvous_;
   Rma rma_;
   std::atomic<bool> finalized_{false};
+  // Owned by the poll lock holder.
+  std::uint32_t progress_calls_ = 0;
+  std::uint32_t failures_seen_ = 0;    // the runtime's failure count last acted on
+  std::vector<std::uint8_t> handled_;  // by rank: fail_peer ran
 };
 // The context's credits (taken and returned by every sending thread) start a line of their own.
 static_assert(alignof(DeviceImpl) == cache_line);

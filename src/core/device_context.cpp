@@ -36,6 +36,7 @@ void add_chunks(std::vector<Chunk>& out, void* owner, CtxKind kind, unsigned cha
 DeviceContext::DeviceContext(RuntimeImpl& runtime, int index, const Config& config,
                              std::vector<std::unique_ptr<net::Transport>> transports, const std::vector<int>& route)
     : runtime_(runtime),
+      failed_(runtime.failed_table()),
       index_(index),
       rank_(runtime.rank()),
       config_(config),
@@ -170,14 +171,43 @@ void DeviceContext::requeue_running() {
   }
 }
 
+bool peer_gone_error(int rc) noexcept {
+  switch (-rc) {
+    case ECONNRESET: case ECONNREFUSED: case ECONNABORTED: case ENOTCONN: case EPIPE: case ESRCH:
+    case EHOSTDOWN: case EHOSTUNREACH: case ENETUNREACH: case ENETDOWN: case ESHUTDOWN: case ECANCELED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void DeviceContext::bury(std::vector<Chunk>&& chunks) {
+  std::lock_guard<std::mutex> guard(graveyard_mutex_);
+  graveyard_.push_back(std::move(chunks));
+}
+
+void DeviceContext::runtime_peer_failed(int rank, const std::string& how) noexcept { runtime_.peer_failed(rank, how); }
+
+Status DeviceContext::transport_error(const Link& l, const char* call, int rc, int rank) {
+  if (peer_gone_error(rc) || peer_down(rank)) {
+    runtime_.peer_failed(rank, net::error_text(call, rc) + " over " + l.caps->name);
+    return Status::make_failed(rank);
+  }
+  throw_transport(l, call, rc, rank);
+}
+
 Status DeviceContext::send_packet(Packet* p, int rank, std::size_t length) {
+  if (__builtin_expect(peer_down(rank), 0)) {
+    pool_->put(p);
+    return Status::make_failed(rank);
+  }
   Link& l = link(rank);
   if (length <= l.inject_size) {
     const int rc = l.transport->inject(rank, p->data(), length);
     pool_->put(p);
     if (rc == 0) return Status::make_done();
     if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
-    throw_transport(l, "inject", rc, rank);
+    return transport_error(l, "inject", rc, rank);
   }
   if (!take_credit()) {
     pool_->put(p);
@@ -190,7 +220,7 @@ Status DeviceContext::send_packet(Packet* p, int rank, std::size_t length) {
   return_credit();
   pool_->put(p);
   if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
-  throw_transport(l, "send", rc, rank);
+  return transport_error(l, "send", rc, rank);
 }
 
 void DeviceContext::deliver(std::uint16_t target, Completion&& c) noexcept { runtime_.deliver(target, std::move(c)); }

@@ -88,6 +88,12 @@ inline Packet* fill_header(Packet* p, MsgKind kind, std::uint16_t target, int sr
 
 [[noreturn]] void throw_transport(const Link& link, const char* call, int rc, int rank);
 
+// Whether a transport's error on a post or an operation to a peer means the peer is gone
+// (its connection reset or refused, its process ended) rather than a fault of the call.
+// -ECANCELED counts: ferry cancels only its posted receives (at teardown), never an operation
+// to a peer, so a provider that cancels one (rxm when a connection breaks) lost the peer.
+bool peer_gone_error(int rc) noexcept;
+
 class alignas(cache_line) DeviceContext {
  public:
   DeviceContext(RuntimeImpl& runtime, int index, const Config& config,
@@ -119,10 +125,23 @@ class alignas(cache_line) DeviceContext {
   void close_op() noexcept { open_ops_.fetch_sub(1, std::memory_order_relaxed); }
   // A step of a large-message operation for progress to run; it returns false to be run again.
   void defer(std::function<bool()> step);
-  // Sends p's first `length` payload bytes to `rank`; consumes the packet on every path.
+  // Sends p's first `length` payload bytes to `rank`; consumes the packet on every path. To a
+  // failed rank the packet is dropped and the result is failed.
   Status send_packet(Packet* p, int rank, std::size_t length);
+  // Whether `rank` has failed (RuntimeImpl::failed; relaxed, see there).
+  bool peer_down(int rank) const noexcept {
+    return failed_[static_cast<std::size_t>(rank)].load(std::memory_order_relaxed) != 0;
+  }
+  // Records that `rank` failed (RuntimeImpl::peer_failed), `how` saying what showed it.
+  void runtime_peer_failed(int rank, const std::string& how) noexcept;
+  // A post's transport error other than -EAGAIN: a peer-gone error (or any error to a rank
+  // already known failed) records the failure and answers failed; any other throws.
+  Status transport_error(const Link& link, const char* call, int rc, int rank);
   // A remote-target completion (an active message or a notification) for the runtime.
   void deliver(std::uint16_t target, Completion&& c) noexcept;
+  // Keeps the chunks of an operation a transport abandoned (Event::abandoned) until the device
+  // goes: the backend may still hold their contexts, so their memory is never reused.
+  void bury(std::vector<Chunk>&& chunks);
   // A message from the wire dropped as malformed (the caller logs it with the sender's rank).
   // Relaxed: a statistic, read by Device::stats() with no order to other data.
   void count_malformed() noexcept { malformed_.fetch_add(1, std::memory_order_relaxed); }
@@ -142,6 +161,7 @@ class alignas(cache_line) DeviceContext {
   std::size_t context_in_flight() const noexcept;
 
   RuntimeImpl& runtime_;
+  const std::atomic<std::uint8_t>* failed_;  // the runtime's table, by rank
   const int index_;
   const int rank_;
   const Config& config_;
@@ -164,6 +184,8 @@ class alignas(cache_line) DeviceContext {
   std::vector<std::function<bool()>> deferred_;
   std::vector<std::function<bool()>> running_;  // run_deferred's batch (under the poll lock)
   std::atomic<std::size_t> deferred_count_{0};
+  std::mutex graveyard_mutex_;  // peer-failure path only
+  std::vector<std::vector<Chunk>> graveyard_;
 };
 
 }  // namespace ferry::detail

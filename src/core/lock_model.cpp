@@ -176,6 +176,13 @@ Status LockModelImpl::execute_deferred(OpDesc* d) {
         }
         if (s.is_retry()) return s;
         if (s.is_done() && !d->returned_done && a.local != nullptr) a.local->signal(completion_of(a, s));
+        if (s.is_failed() && !d->returned_done && a.local != nullptr) {
+          // The caller was told `posted`: the failure reaches it through the completion.
+          Completion c = completion_of(a, s);
+          c.rank = s.rank;
+          c.error = peer_failed_error;
+          a.local->signal(std::move(c));
+        }
         delete d;
         return s;
       },

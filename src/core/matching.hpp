@@ -104,6 +104,46 @@ class MatchingEngine {
     return nullptr;
   }
 
+  // Removes every posted receive that names `rank` (not any_source) and hands each to out(r)
+  // after the lock is released: a peer failed, so they can never match.
+  template <class F>
+  void take_recvs_from(int rank, F&& out) {
+    Packet* taken = nullptr;
+    {
+      std::lock_guard<SpinLock> guard(lock_);
+      auto sweep = [&](List& l) {
+        Packet* prev = nullptr;
+        for (Packet* p = l.head; p != nullptr;) {
+          Packet* next = p->next;
+          if (p->recv.want.rank == rank) {
+            unlink(l, Found{&l, prev, p});
+            p->next = taken;
+            taken = p;
+          } else {
+            prev = p;
+          }
+          p = next;
+        }
+      };
+      for (List& l : recvs_) sweep(l);
+      sweep(any_tag_recvs_);
+    }
+    // Reversed by the prepend; posting order is restored so completions come oldest first.
+    Packet* ordered = nullptr;
+    while (taken != nullptr) {
+      Packet* next = taken->next;
+      taken->next = ordered;
+      ordered = taken;
+      taken = next;
+    }
+    while (ordered != nullptr) {
+      Packet* next = ordered->next;
+      ordered->next = nullptr;
+      out(ordered);
+      ordered = next;
+    }
+  }
+
   // Empties every list (teardown): each receive into recv_out, each message into message_out.
   template <class R, class M>
   void drain(R&& recv_out, M&& message_out) noexcept {

@@ -1,6 +1,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <exception>
 #include <cstdlib>
 
 #include "common/log.hpp"
@@ -59,19 +60,32 @@ std::string job_wide_settings(const Resolved<RuntimeSettings>& options) {
 
 // Every rank's host identity (FERRY_HOST, else the hostname), by rank; each rank checks that
 // every other one uses the same job-wide options.
+// Also starts watching the processes of the peers on this host (same host identity, same PID
+// namespace).
 std::vector<std::string> exchange_hosts(bootstrap::Bootstrap& boot, const std::string& mine,
-                                        const Resolved<RuntimeSettings>& options) {
+                                        const Resolved<RuntimeSettings>& options, PeerWatch& watch) {
   std::vector<std::string> hosts(static_cast<std::size_t>(boot.size()), mine);
   if (boot.size() == 1) return hosts;
   const std::string settings = job_wide_settings(options);
+  const std::string me = process_identity();
+  pid_t my_pid = 0;
+  std::string my_ns;
+  const bool watchable = parse_process_identity(me, my_pid, my_ns);
   boot.put("ferry.host", mine);
   boot.put("ferry.settings", settings);
+  boot.put("ferry.process", me);
   boot.fence();
   for (int r = 0; r < boot.size(); ++r) {
     hosts[static_cast<std::size_t>(r)] = boot.get(r, "ferry.host");
     if (r == boot.rank()) continue;
     const std::string theirs = boot.get(r, "ferry.settings");
     if (theirs != settings) settings_differ(options, theirs, boot.rank(), r);
+    pid_t pid = 0;
+    std::string ns;
+    if (watchable && hosts[static_cast<std::size_t>(r)] == mine &&
+        parse_process_identity(boot.get(r, "ferry.process"), pid, ns) && ns == my_ns && pid != my_pid) {
+      watch.watch(r, pid);
+    }
   }
   return hosts;
 }
@@ -135,7 +149,10 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   set_log_rank(rank_);  // lines logged without a runtime at hand name this process's rank
   size_ = boot_->size();
   if (size_ > 0xFFFFFF) throw Error("job size " + std::to_string(size_) + " exceeds ferry's limit of 16777215 ranks");
-  const TransportPlan plan = plan_transports(config_, exchange_hosts(*boot_, config_.host.empty() ? hostname() : config_.host, options_), rank_);
+  failed_ = std::make_unique<std::atomic<std::uint8_t>[]>(static_cast<std::size_t>(size_));
+  for (int r = 0; r < size_; ++r) failed_[static_cast<std::size_t>(r)].store(0, std::memory_order_relaxed);
+  const TransportPlan plan =
+      plan_transports(config_, exchange_hosts(*boot_, config_.host.empty() ? hostname() : config_.host, options_, watch_), rank_);
   if (plan.ofi) fabric_ = net::ofi::open_fabric(plan.provider);
   targets_ = std::make_unique<std::atomic<CompletionObject*>[]>(config_.max_targets);
   for (std::size_t i = 0; i < config_.max_targets; ++i) targets_[i].store(nullptr, std::memory_order_relaxed);
@@ -188,6 +205,7 @@ void RuntimeImpl::barrier_arrived(std::uint32_t step) noexcept {
 }
 
 void RuntimeImpl::barrier() {
+  throw_if_failed("barrier");
   // Operations this rank posted before the barrier are performed before it: a deferring lock
   // model (lockq, offload) may still hold some in its queue.
   for (auto& t : lock_models_) {
@@ -203,10 +221,14 @@ void RuntimeImpl::barrier() {
     const std::uint32_t step = (parity << 8) | static_cast<std::uint32_t>(round);
     while (!dev.post_barrier_step(to, step)) {
       for (auto& d : devices_) d->progress();
+      throw_if_failed("barrier");
     }
     std::atomic<int>& arrived = barrier_steps_[parity][round];
+    // A failed peer ends the wait only while the step is missing: its sender, or a rank the
+    // sender waits for, may be the failed one, and nothing else would end it.
     while (arrived.load(std::memory_order_relaxed) == 0) {
       for (auto& d : devices_) d->progress();
+      if (arrived.load(std::memory_order_relaxed) == 0) throw_if_failed("barrier");
     }
     arrived.fetch_sub(1, std::memory_order_relaxed);
   }
@@ -215,15 +237,21 @@ void RuntimeImpl::barrier() {
 void RuntimeImpl::finalize() {
   progress_threads_.reset();  // FERRY_PROGRESS=thread:N: from here finalize progresses alone
   if (finalized_.load()) return;
-  // Everyone's operations complete while everyone still progresses; then the barrier.
+  // Everyone's operations complete while everyone still progresses; then the barrier. With a
+  // failed peer the barrier cannot complete: this rank closes anyway and reports the failure.
   for (auto& d : devices_) {
-    const std::size_t left = drain(*d, 10.0);
+    const double limit = failure_count() != 0 ? 1.0 : 10.0;
+    const std::size_t left = drain(*d, limit);
     if (left != 0) {
-      FERRY_LOG_AT(warn, rank_, -1, "finalize: %zu operations still in flight on device %d after 10 s", left, d->index());
+      FERRY_LOG_AT(warn, rank_, -1, "finalize: %zu operations still in flight on device %d after %.0f s", left,
+                   d->index(), limit);
     }
   }
+  std::exception_ptr failure;
   try {
     barrier();
+  } catch (const PeerFailed&) {
+    failure = std::current_exception();
   } catch (const std::exception& e) {
     FERRY_LOG_AT(error, rank_, -1, "finalize: %s", e.what());
   }
@@ -237,6 +265,51 @@ void RuntimeImpl::finalize() {
                  c.rank, static_cast<unsigned>(id));
   }
   parked_.clear();
+  if (failure) std::rethrow_exception(failure);
+}
+
+void RuntimeImpl::peer_failed(int rank, const std::string& how) noexcept {
+  if (rank < 0 || rank >= size_ || rank == rank_) return;
+  if (failed_[static_cast<std::size_t>(rank)].exchange(1, std::memory_order_relaxed) != 0) return;
+  int none = -1;
+  first_failed_.compare_exchange_strong(none, rank, std::memory_order_relaxed);
+  FERRY_LOG_AT(error, rank_, -1, "rank %d failed: %s", rank, how.c_str());
+  // Release: a device that reads the new count (acquire) also reads the flag set above.
+  failure_count_.fetch_add(1, std::memory_order_release);
+}
+
+std::vector<int> RuntimeImpl::failed_ranks() const {
+  std::vector<int> out;
+  if (failure_count() == 0) return out;
+  for (int r = 0; r < size_; ++r)
+    if (failed(r)) out.push_back(r);
+  return out;
+}
+
+void RuntimeImpl::throw_if_failed(const char* call) const {
+  if (__builtin_expect(failure_count() == 0, 1)) return;
+  const int r = first_failed_.load(std::memory_order_relaxed);
+  const std::vector<int> all = failed_ranks();
+  std::string list;
+  for (int f : all) list += (list.empty() ? "" : ", ") + std::to_string(f);
+  throw PeerFailed(r, std::string(call) + ": rank " + std::to_string(r) + " failed (failed ranks: " + list + ")");
+}
+
+void RuntimeImpl::check_peers() noexcept {
+  if (watch_.empty()) return;
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now().time_since_epoch()).count();
+  if (now < next_check_ns_.load(std::memory_order_relaxed)) return;
+  std::unique_lock<std::mutex> lock(watch_mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  next_check_ns_.store(now + std::int64_t{config_.peer_check_ms} * 1000000, std::memory_order_relaxed);
+  std::vector<int> dead;
+  try {
+    watch_.check(dead);
+  } catch (...) {
+    return;  // out of memory: try again at the next check
+  }
+  for (int r : dead) peer_failed(r, "its process ended (seen by this rank's watch of the processes on its host)");
 }
 
 std::size_t RuntimeImpl::drain(DeviceImpl& device, double seconds) {
@@ -340,6 +413,8 @@ void Runtime::barrier() {
   if (impl_->finalized()) throw Error("barrier: called after the runtime was finalized");
   impl_->barrier();
 }
+std::vector<int> Runtime::failed_ranks() const { return impl_->failed_ranks(); }
+std::uint32_t Runtime::failure_count() const noexcept { return impl_->failure_count(); }
 void Runtime::kv_put(const std::string& key, const std::string& value) { impl_->boot().put(key, value); }
 void Runtime::kv_fence() { impl_->boot().fence(); }
 std::string Runtime::kv_get(int rank, const std::string& key) {

@@ -18,6 +18,7 @@
 #include "bootstrap/bootstrap.hpp"
 #include "core/config.hpp"
 #include "core/device.hpp"
+#include "core/liveness.hpp"
 #include "core/lock_model.hpp"
 #include "core/progress.hpp"
 #include "ferry/runtime.hpp"
@@ -48,6 +49,26 @@ class RuntimeImpl {
   void barrier();
   void barrier_arrived(std::uint32_t step) noexcept;
 
+  // Peer failure (see Runtime::failed_ranks). peer_failed() records that `rank` failed, once,
+  // and tells every device (each acts on it in its next progress, under its poll lock).
+  // Any thread; `how` says what showed it.
+  void peer_failed(int rank, const std::string& how) noexcept;
+  // Relaxed: a post that reads a stale 0 goes to the transport, which fails or is dropped like
+  // one posted just before the failure; ordering against a device's pending-operation tables
+  // comes from their own locks (see DeviceImpl::fail_peer).
+  bool failed(int rank) const noexcept { return failed_[static_cast<std::size_t>(rank)].load(std::memory_order_relaxed) != 0; }
+  const std::atomic<std::uint8_t>* failed_table() const noexcept { return failed_.get(); }
+  // Bumped by every new failure; a device compares it with the value it last acted on.
+  // Acquire pairs with the release increment in peer_failed(): a device that sees the new
+  // count sees the failed_ flag set before it.
+  std::uint32_t failure_count() const noexcept { return failure_count_.load(std::memory_order_acquire); }
+  std::vector<int> failed_ranks() const;
+  // At most once per FERRY_PEER_CHECK_MS (by whichever progress call comes first): checks the
+  // watched peers' processes. Cheap when it is not yet time: one clock read.
+  void check_peers() noexcept;
+  // Throws PeerFailed naming the first failed rank, if any; `call` names the caller.
+  void throw_if_failed(const char* call) const;
+
   void expose(CompletionObject& object, std::uint16_t id);
   void unexpose(std::uint16_t id) noexcept;
   void deliver(std::uint16_t id, Completion&& completion) noexcept;
@@ -73,6 +94,12 @@ class RuntimeImpl {
   std::mutex park_mutex_;
   std::vector<std::pair<std::uint16_t, Completion>> parked_;
   std::atomic<bool> finalized_{false};
+  std::unique_ptr<std::atomic<std::uint8_t>[]> failed_;  // by rank: 1 once the rank failed
+  std::atomic<std::uint32_t> failure_count_{0};
+  std::atomic<int> first_failed_{-1};
+  PeerWatch watch_;
+  std::mutex watch_mutex_;  // check_peers takes it with try_lock: one checker at a time
+  std::atomic<std::int64_t> next_check_ns_{0};  // steady clock; relaxed: a hint, the mutex guards the watch
   std::unique_ptr<ProgressThreads> progress_threads_;  // FERRY_PROGRESS=thread:N; stopped first in finalize()
   // Barrier steps received, by epoch parity and round. Ranks can be at most one epoch apart
   // (nobody finishes epoch e+1 before everyone finished e), so parity tells epochs apart.

@@ -89,6 +89,10 @@ struct Event {
   // but was not written. Another process may still write there: copy before checking. (A
   // transport may still copy some messages, small ones say, into the posted buffer.)
   const unsigned char* lent = nullptr;
+  // An operation to a failed peer that the transport gave up on (error -EHOSTDOWN), see
+  // Transport::peer_failed: the backend may still hold the context, so the core must never
+  // reuse its memory.
+  bool abandoned = false;
 };
 
 class Transport {
@@ -132,6 +136,13 @@ class Transport {
   virtual void deregister(Registration* r) noexcept { delete r; }
   // Teardown: gives up every posted receive (their events need not be delivered).
   virtual void cancel_all() noexcept = 0;
+  // `rank` failed (called by the poll lock holder). A backend whose operations to a failed
+  // peer may never complete by themselves (libfabric's shm provider serves a read through the
+  // peer's own process) reports each of them, once the backend's own completions had a grace
+  // period to arrive, as an event with -EHOSTDOWN and `abandoned` set; it drops any later
+  // completion of those contexts. Posts to the rank need no special handling: the core no
+  // longer makes them.
+  virtual void peer_failed(int /*rank*/) {}
 
  protected:
   Caps caps_;

@@ -3,6 +3,7 @@
 # leaves no rank running after 3 s and no ferry segment in /dev/shm: its ranks are busy in a
 # ping-pong that would last minutes. The transport comes from the environment (FERRY_TRANSPORT).
 set -u
+. "$(dirname "$0")/rank_cleanup.sh"
 ferryrun=$1 bench=$2
 tmp=$(mktemp -d)
 job="" ranks=""
@@ -38,18 +39,6 @@ for _ in $(seq 1 30); do
   sleep 0.1
 done
 [ -z "$left" ] || fail "rank pid(s)$left still running 3 s after ferryrun was killed"
-for p in $ranks; do
-  ls /dev/shm | grep "^ferry-$p-" && fail "a segment of rank pid $p is left in /dev/shm"
-done
-# libfabric's shm provider (FERRY_TRANSPORT=ofi) keeps its region ("<pid>:<n>:<n>") until its
-# endpoint closes, which a SIGKILLed process never does: a known limit of that provider, not
-# of ferry's segments. The test removes its own ranks' regions, by pid, and says so.
-for p in $ranks; do
-  for f in /dev/shm/"$p":*; do
-    [ -e "$f" ] || continue
-    echo "note: removing libfabric's region $f of the killed rank pid $p"
-    rm -f "$f"
-  done
-done
+ranks_gone_and_clean "$ranks"
 ranks=""
 echo "ok: both ranks ended within $((SECONDS - killed)) s of ferryrun's SIGKILL; no segment left"

@@ -288,14 +288,27 @@ void Launcher::rank_exited(int r, int status) {
   rk.err.finish();
   if (terminating_) return;
   const std::string who = "rank " + std::to_string(r) + " (pid " + std::to_string(rk.pid) + ")";
+  int code = 0;
+  std::string what;
   if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
-    fail(WEXITSTATUS(status), who + " exited with code " + std::to_string(WEXITSTATUS(status)));
+    code = WEXITSTATUS(status);
+    what = who + " exited with code " + std::to_string(code);
   } else if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
-    fail(128 + sig, who + " was killed by signal " + std::to_string(sig) + " (" +
-                        signal_name(sig) + ")");
+    code = 128 + sig;
+    what = who + " was killed by signal " + std::to_string(sig) + " (" + signal_name(sig) + ")";
   }
   // Exit 0 is success even without PMI finalize: the other ranks keep running.
+  if (code == 0) return;
+  if (opts_.keep_going) {
+    if (!failed_) {
+      failed_ = true;
+      exit_code_ = code;
+    }
+    note(what + "; --keep-going: the other " + plural(alive_, "rank") + " run on");
+    return;
+  }
+  fail(code, what);
 }
 
 void Launcher::read_pmi(int r, bool drain) {

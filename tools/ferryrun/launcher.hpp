@@ -11,6 +11,9 @@ struct Options {
   double timeout_s = 0;        // 0: no limit
   std::string timeout_text;    // as the user wrote it, for the timeout message
   bool prefix_output = true;
+  // A rank that exits non-zero or is killed is reported (and decides the exit code) but the
+  // others run on to their own end: for programs that survive a peer's failure.
+  bool keep_going = false;
   std::vector<std::string> argv;  // program and its arguments
 };
 

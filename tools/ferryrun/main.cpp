@@ -34,7 +34,9 @@ PMIX_* and PMI_PORT from an outer launcher are removed. Each rank runs in its ow
 group. Only rank 0 receives ferryrun's stdin, and only when it is not a terminal.
 
 If any rank exits non-zero, is killed by a signal or calls PMI abort, ferryrun reports
-it, sends SIGTERM to the other ranks and everything they started, and SIGKILL 2 s later.
+it, sends SIGTERM to the other ranks and everything they started, and SIGKILL 2 s later
+(with --keep-going it reports it and lets the others run on: ferry programs learn of the
+failed rank themselves, see Runtime::failed_ranks).
 Ctrl-C, SIGTERM and SIGHUP to ferryrun do the same (a second Ctrl-C kills at once).
 Afterwards ferryrun removes the /dev/shm segments the ranks left behind.
 
@@ -113,6 +115,10 @@ int main(int argc, char** argv) {
                  "Kill the job after S seconds, exit 124 (0 = never; "
                  "default $FERRY_TIMEOUT)")
       ->type_name("S");
+  bool keep_going = false;
+  app.add_flag("--keep-going", keep_going,
+               "When a rank fails, report it but let the other ranks run to their own end "
+               "(the exit code still names the first failure)");
   CLI::Option* with_prefix = app.add_flag("--prefix")->description(
       "Prefix each output line with \"[rank] \" (the default)");
   CLI::Option* without_prefix = app.add_flag("--no-prefix")->description(
@@ -136,6 +142,7 @@ int main(int argc, char** argv) {
 
   ferryrun::Options opts;
   opts.prefix_output = prefix;
+  opts.keep_going = keep_going;
   opts.argv = app.remaining();
   if (!opts.argv.empty() && opts.argv.front() == "--") {
     opts.argv.erase(opts.argv.begin());

@@ -12,7 +12,7 @@ Status inject_small(DeviceContext& dc, Link& l, MsgKind kind, std::uint16_t targ
   const int rc = l.transport->inject(rank, frame, kHeader + size);
   if (rc == 0) return Status::make_done();
   if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
-  throw_transport(l, "inject", rc, rank);
+  return dc.transport_error(l, "inject", rc, rank);
 }
 
 Status inject_gathered(DeviceContext& dc, Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank,
@@ -22,7 +22,7 @@ Status inject_gathered(DeviceContext& dc, Link& l, MsgKind kind, std::uint16_t t
   const int rc = l.transport->inject_parts(rank, header, kHeader, buffer, size);
   if (rc == 0) return Status::make_done();
   if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
-  throw_transport(l, "inject", rc, rank);
+  return dc.transport_error(l, "inject", rc, rank);
 }
 
 }  // namespace ferry::detail

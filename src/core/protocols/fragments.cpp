@@ -53,7 +53,7 @@ Status Fragments::post(Link& l, MsgKind kind, std::uint16_t target, Tag tag, int
     if (rc != -EAGAIN || off == 0) {
       dc_.pool().put(spare);
       if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
-      throw_transport(l, "inject", rc, rank);
+      return dc_.transport_error(l, "inject", rc, rank);
     }
     // The provider took the first pieces: the rest must follow them, so it joins the backlog.
     // Layout: [frame header][remaining bytes], in the spare packet or, for a message larger
@@ -94,7 +94,9 @@ bool Fragments::flush() {
     BacklogTail* p = &packet->backlog;
     unsigned char* d = p->frame;
     Link& l = dc_.link(p->rank);
-    while (p->remaining() != 0) {
+    // To a failed rank the rest goes nowhere (its queue may never drain): drop it, so the
+    // backlog never holds up the messages to the other ranks.
+    while (p->remaining() != 0 && !dc_.peer_down(p->rank)) {
       const std::size_t n = std::min<std::size_t>(l.fragment_payload, p->remaining());
       unsigned char* piece = d + p->sent;  // its bytes start at piece + kFragmentHeader
       if (p->sent != 0) std::memcpy(piece, d, kHeader);  // sent >= fragment_payload > kHeader: no overlap
@@ -103,6 +105,7 @@ bool Fragments::flush() {
       if (rc == -EAGAIN) return false;
       if (rc != 0) {
         // The peer is unreachable: the rest of this message cannot be delivered. Said, not hidden.
+        if (peer_gone_error(rc)) dc_.runtime_peer_failed(p->rank, net::error_text("inject", rc));
         FERRY_LOG_AT(error, dc_.rank(), dc_.index(), "dropped the rest of a %zu-byte message to rank %d: %s",
                      static_cast<std::size_t>(p->size), p->rank, net::error_text("inject", rc).c_str());
         break;
@@ -116,6 +119,20 @@ bool Fragments::flush() {
     count_.fetch_sub(1, std::memory_order_release);
   }
   return true;
+}
+
+void Fragments::fail_peer(int rank) {
+  for (std::size_t i = 0; i < partials_.size();) {
+    Partial& m = partials_[i];
+    if (m.src != rank) {
+      ++i;
+      continue;
+    }
+    if (m.heap != nullptr) recv_blocks::give(m.heap);
+    dc_.pool().put(m.packet);
+    m = partials_.back();
+    partials_.pop_back();
+  }
 }
 
 Fragments::Whole Fragments::on_fragment(Packet* p, std::size_t length, const unsigned char* payload) {

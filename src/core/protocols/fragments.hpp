@@ -56,6 +56,9 @@ class Fragments {
   // its `length - kFragmentHeader` payload bytes are at `payload`: in the packet, or in a
   // transport's lent memory, from where they go straight to the message being gathered.
   Whole on_fragment(Packet* p, std::size_t length, const unsigned char* payload);
+  // `rank` failed: its partly gathered messages can never complete and are dropped. (Backlog
+  // tails to it are dropped by flush.)
+  void fail_peer(int rank);
 
  private:
   DeviceContext& dc_;

@@ -59,6 +59,7 @@ struct RecvOp {
   std::vector<Chunk> chunks;
   std::size_t issued = 0;
   std::size_t completed = 0;
+  bool abandoned = false;  // a chunk's context may still be held by the transport
 };
 
 std::uint64_t PendingSends::add(SendOp* op, int rank) {
@@ -85,21 +86,52 @@ SendOp* PendingSends::take(std::uint64_t id, int rank) {
   Slot& s = slots_[i];
   if (s.op == nullptr || s.generation != static_cast<std::uint32_t>(id >> 32) || s.rank != rank) return nullptr;
   SendOp* op = s.op;
-  s.op = nullptr;
-  ++s.generation;
-  free_.push_back(i);
+  free_slot(i);
   return op;
 }
 
-void PendingSends::remove(std::uint64_t id) {
-  const auto i = static_cast<std::uint32_t>(id);
-  std::lock_guard<std::mutex> guard(mutex_);
-  slots_[i].op = nullptr;
-  ++slots_[i].generation;
+void PendingSends::free_slot(std::uint32_t i) {
+  Slot& s = slots_[i];
+  s.op = nullptr;
+  s.confirmed = false;
+  ++s.generation;
   free_.push_back(i);
 }
 
-// Registers the sender's buffer and sends an RTS; the receiver reads and answers with FIN.
+void PendingSends::remove(std::uint64_t id) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  free_slot(static_cast<std::uint32_t>(id));
+}
+
+bool PendingSends::confirm(std::uint64_t id) {
+  const auto i = static_cast<std::uint32_t>(id);
+  std::lock_guard<std::mutex> guard(mutex_);
+  Slot& s = slots_[i];
+  if (s.op == nullptr || s.generation != static_cast<std::uint32_t>(id >> 32)) return false;
+  s.confirmed = true;
+  return true;
+}
+
+SendOp* PendingSends::take_id(std::uint64_t id) {
+  const auto i = static_cast<std::uint32_t>(id);
+  std::lock_guard<std::mutex> guard(mutex_);
+  Slot& s = slots_[i];
+  if (s.op == nullptr || s.generation != static_cast<std::uint32_t>(id >> 32)) return nullptr;
+  SendOp* op = s.op;
+  free_slot(i);
+  return op;
+}
+
+void PendingSends::take_failed(int rank, std::vector<SendOp*>& out) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  for (std::uint32_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (s.op == nullptr || !s.confirmed || s.rank != rank) continue;
+    out.push_back(s.op);
+    free_slot(i);
+  }
+}
+
 Status Rendezvous::post(OpKind op, int rank, Tag tag, std::uint16_t target, const void* buffer, std::size_t size,
                         CompletionObject* local, void* context) {
   Packet* p = dc_.pool().get();
@@ -149,10 +181,11 @@ Status Rendezvous::post(OpKind op, int rank, Tag tag, std::uint16_t target, cons
     undo();
     throw;
   }
-  if (s.is_retry()) {
+  if (s.is_retry() || s.is_failed()) {
     undo();
     return s;
   }
+  confirm(id, rank);
   return Status::make_posted();
 }
 
@@ -215,16 +248,53 @@ Status Rendezvous::post_iovec(const AmIovecArgs& a, std::size_t total) {
     undo();
     throw;
   }
-  if (s.is_retry()) {
+  if (s.is_retry() || s.is_failed()) {
     undo();
     return s;
   }
+  confirm(id, a.rank);
   return Status::make_posted();
+}
+
+void Rendezvous::confirm(std::uint64_t id, int rank) {
+  // The mutex inside confirm orders it with fail_peer's take_failed: if that ran first, the
+  // flag it follows is visible here (see PendingSends).
+  if (!pending_.confirm(id) || !dc_.peer_down(rank)) return;
+  if (SendOp* send = pending_.take_id(id)) complete_send(send, peer_failed_error);
+}
+
+void Rendezvous::complete_send(SendOp* send, int error) {
+  (void)send->ready.load(std::memory_order_acquire);
+  for (net::Registration* r : send->registrations) send->transport->deregister(r);
+  Completion c;
+  c.op = send->op;
+  c.rank = send->rank;
+  c.tag = send->tag;
+  c.size = send->size;
+  c.context = send->context;
+  c.error = error;
+  CompletionObject* local = send->local;
+  delete send;
+  dc_.close_op();
+  signal_local(local, std::move(c));
+}
+
+void Rendezvous::fail_peer(int rank) {
+  std::vector<SendOp*> failed;
+  pending_.take_failed(rank, failed);
+  for (SendOp* send : failed) complete_send(send, peer_failed_error);
 }
 
 // Issues a RecvOp's reads as credits allow; true when all are issued.
 bool Rendezvous::issue_reads(RecvOp* op) {
   net::Transport* t = op->link->transport;
+  if (dc_.peer_down(op->rank) && op->issued < op->chunks.size()) {
+    // The sender failed: nothing more to read; the op completes with the failure.
+    op->error = peer_failed_error;
+    op->completed += op->chunks.size() - op->issued;
+    op->issued = op->chunks.size();
+    return true;
+  }
   while (op->issued < op->chunks.size()) {
     Chunk& c = op->chunks[op->issued];
     if (read_budget_ <= 0) return false;
@@ -234,7 +304,7 @@ bool Rendezvous::issue_reads(RecvOp* op) {
       read_budget_ = 0;
       return false;
     }
-    const int rc = t->get(op->rank, c.local, c.size, c.desc, c.remote_addr, c.key, &c.ctx);
+    int rc = t->get(op->rank, c.local, c.size, c.desc, c.remote_addr, c.key, &c.ctx);
     if (rc == -EAGAIN) {
       dc_.return_credit();
       read_budget_ = 0;
@@ -242,8 +312,13 @@ bool Rendezvous::issue_reads(RecvOp* op) {
     }
     if (rc != 0) {
       dc_.return_credit();
-      FERRY_LOG_AT(error, dc_.rank(), dc_.index(), "%s reading %zu bytes from rank %d",
-                   net::error_text("get", rc).c_str(), c.size, op->rank);
+      if (peer_gone_error(rc) || dc_.peer_down(op->rank)) {
+        dc_.runtime_peer_failed(op->rank, net::error_text("get", rc));
+        rc = peer_failed_error;
+      } else {
+        FERRY_LOG_AT(error, dc_.rank(), dc_.index(), "%s reading %zu bytes from rank %d",
+                     net::error_text("get", rc).c_str(), c.size, op->rank);
+      }
       op->error = rc;
       ++op->completed;  // treat as finished-with-error so the op can complete
     }
@@ -269,7 +344,11 @@ bool Rendezvous::send_fin(int rank, std::uint64_t send_op) {
 
 // Finishes a RecvOp whose reads are all complete: deliver, FIN, free.
 void Rendezvous::finish(RecvOp* op) {
-  for (net::Registration* r : op->registrations) op->link->transport->deregister(r);
+  if (op->abandoned) {
+    dc_.bury(std::move(op->chunks));  // the registrations stay too: the transport may hold them
+  } else {
+    for (net::Registration* r : op->registrations) op->link->transport->deregister(r);
+  }
   op->registrations.clear();
   Completion c;
   c.rank = op->rank;
@@ -432,33 +511,29 @@ void Rendezvous::on_fin(Packet* p) {
   const auto fin = decode<FinBody>(p->data() + kHeader);
   dc_.pool().put(p);
   SendOp* send = pending_.take(fin.send_op, src);
+  if (send == nullptr && dc_.peer_down(src)) return;  // its send already completed with the failure
   if (send == nullptr) {
     FERRY_LOG_AT(warn, dc_.rank(), dc_.index(), "dropped a FIN from rank %d that names no pending send of it (id %llx)",
                  src, static_cast<unsigned long long>(fin.send_op));
     dc_.count_malformed();
     return;
   }
-  (void)send->ready.load(std::memory_order_acquire);
-  for (net::Registration* r : send->registrations) send->transport->deregister(r);
-  Completion c;
-  c.op = send->op;
-  c.rank = send->rank;
-  c.tag = send->tag;
-  c.size = send->size;
-  c.context = send->context;
-  CompletionObject* local = send->local;
-  delete send;
-  dc_.close_op();
-  signal_local(local, std::move(c));
+  complete_send(send, 0);
 }
 
-void Rendezvous::on_read(Chunk* c, int error) {
+void Rendezvous::on_read(Chunk* c, int error, bool abandoned) {
   auto* op = static_cast<RecvOp*>(c->owner);
   dc_.return_credit();
+  if (abandoned) op->abandoned = true;
   if (error != 0) {
+    if (peer_gone_error(error) || dc_.peer_down(op->rank)) {
+      dc_.runtime_peer_failed(op->rank, net::error_text("get", error));
+      error = peer_failed_error;
+    } else {
+      FERRY_LOG_AT(error, dc_.rank(), dc_.index(), "rendezvous read from rank %d failed: %s", op->rank,
+                   net::error_text("get", error).c_str());
+    }
     op->error = error;
-    FERRY_LOG_AT(error, dc_.rank(), dc_.index(), "rendezvous read from rank %d failed: %s", op->rank,
-                 net::error_text("get", error).c_str());
   }
   if (++op->completed == op->chunks.size() && op->issued == op->chunks.size()) finish(op);
 }

@@ -31,6 +31,11 @@ struct SendOp;
 // Concurrency: add() by any posting thread, take() and remove() by the poll lock holder or the
 // poster; one mutex orders them. It is off the small-message path: a rendezvous post also
 // allocates and registers memory.
+//
+// Peer failure: a send is confirmed once its RTS went out. take_failed() takes only confirmed
+// sends, so it never races a post that is still undoing itself (remove); a post confirms and
+// then checks the failed flag, taking its send back itself when the rank failed meanwhile.
+// The mutex orders the two: one of them sees the other (see DeviceImpl::fail_peer).
 class PendingSends {
  public:
   std::uint64_t add(SendOp* op, int rank);
@@ -38,13 +43,21 @@ class PendingSends {
   SendOp* take(std::uint64_t id, int rank);
   // A post that failed after add(): its slot goes back unused.
   void remove(std::uint64_t id);
+  // The RTS of send `id` went out. Returns false when the send is already gone (its FIN came).
+  bool confirm(std::uint64_t id);
+  // The send `id` names if it is still pending (whatever its rank); it leaves the table.
+  SendOp* take_id(std::uint64_t id);
+  // Every confirmed send to `rank`; they leave the table.
+  void take_failed(int rank, std::vector<SendOp*>& out);
 
  private:
   struct Slot {
     SendOp* op = nullptr;
     std::uint32_t generation = 0;  // bumped when the slot is freed, so an old id misses
     int rank = -1;
+    bool confirmed = false;
   };
+  void free_slot(std::uint32_t i);
   std::mutex mutex_;
   std::vector<Slot> slots_;
   std::vector<std::uint32_t> free_;
@@ -64,9 +77,13 @@ class Rendezvous {
   // or null (rts_am, rts_iovec). Consumes the RTS packet.
   void start_recv(Packet* rts, const RecvDescriptor* recv);
   // The event of one read chunk (CtxKind::rdv_read).
-  void on_read(Chunk* c, int error);
+  // `abandoned`: the transport gave the read up (Event::abandoned): its memory is never reused.
+  void on_read(Chunk* c, int error, bool abandoned);
   // A FIN arrived (its packet is consumed).
   void on_fin(Packet* p);
+  // `rank` failed: every send waiting for its FIN there completes with peer_failed_error.
+  // (Receives reading from it fail at their next read: issue_reads checks the rank.)
+  void fail_peer(int rank);
   // Progress (under the poll lock) grants a read budget for one run of the deferred steps and
   // withdraws it after; steps that find none wait, in order, for the next grant.
   void begin_reads() noexcept { read_budget_ = kReadBudget; }
@@ -87,6 +104,10 @@ class Rendezvous {
   void prepare(RecvOp* op);
   void finish(RecvOp* op);
   bool send_fin(int rank, std::uint64_t send_op);
+  // Confirms a posted send; completes it with peer_failed_error if its rank failed meanwhile.
+  void confirm(std::uint64_t id, int rank);
+  // Completes a send taken from pending_: its registrations go, its local completion is signalled.
+  void complete_send(SendOp* send, int error);
 
   DeviceContext& dc_;
   PendingSends pending_;

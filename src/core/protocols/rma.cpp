@@ -7,6 +7,20 @@
 
 namespace ferry::detail {
 
+namespace {
+
+// An RMA error to or from `rank`: a peer-gone error (or any error once the rank is known to
+// have failed) records the failure and becomes peer_failed_error.
+int rma_error(DeviceContext& dc, int rank, int error, const char* call) {
+  if (error != 0 && (peer_gone_error(error) || dc.peer_down(rank))) {
+    dc.runtime_peer_failed(rank, net::error_text(call, error));
+    return peer_failed_error;
+  }
+  return error;
+}
+
+}  // namespace
+
 // A put or get of more than one chunk; a notifying put writes its last chunk with data after
 // all others completed, so the target never sees the notification before the data.
 struct RmaOp {
@@ -18,6 +32,7 @@ struct RmaOp {
   bool notify;
   std::uint64_t notify_data;
   int error = 0;
+  bool abandoned = false;  // a chunk's context may still be held by the transport
   Link* link = nullptr;
   net::Registration* registration = nullptr;  // of the local buffer, under local_registration
   std::vector<Chunk> chunks;
@@ -28,6 +43,13 @@ struct RmaOp {
 bool Rma::issue(RmaOp* op) {
   net::Transport* t = op->link->transport;
   const std::size_t n = op->chunks.size();
+  if (dc_.peer_down(op->rank) && op->issued < n) {
+    // The target failed: nothing more goes; the op completes with the failure.
+    op->error = peer_failed_error;
+    op->completed += n - op->issued;
+    op->issued = n;
+    return true;
+  }
   while (op->issued < n) {
     const bool last = op->issued == n - 1;
     // A notifying put writes its last chunk with data only once every other chunk completed,
@@ -55,7 +77,7 @@ bool Rma::issue(RmaOp* op) {
     }
     if (rc != 0) {
       dc_.return_credit();
-      op->error = rc;
+      op->error = rma_error(dc_, op->rank, rc, op->op == OpKind::get ? "get" : "put");
       ++op->completed;
     }
     ++op->issued;
@@ -64,7 +86,11 @@ bool Rma::issue(RmaOp* op) {
 }
 
 void Rma::finish(RmaOp* op) {
-  release_registration(op->link->transport, op->registration);
+  if (op->abandoned) {
+    dc_.bury(std::move(op->chunks));  // and the registration stays: the transport may hold both
+  } else {
+    release_registration(op->link->transport, op->registration);
+  }
   Completion c;
   c.op = op->op;
   c.rank = op->rank;
@@ -88,7 +114,7 @@ Status Rma::post(const RmaRequest& r) {
     const int rc = t->inject_put(r.rank, r.local, r.size, addr, r.remote.key);
     if (rc == 0) return Status::make_done();
     if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
-    throw_transport(l, "inject_put", rc, r.rank);
+    return dc_.transport_error(l, "inject_put", rc, r.rank);
   }
   if (r.size <= caps.max_rma_size) {
     // One transfer: its state rides in a packet, so nothing is allocated.
@@ -122,7 +148,7 @@ Status Rma::post(const RmaRequest& r) {
     release_registration(t, mr);
     dc_.pool().put(p);
     if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
-    throw_transport(l, r.op == OpKind::get ? "get" : "put", rc, r.rank);
+    return dc_.transport_error(l, r.op == OpKind::get ? "get" : "put", rc, r.rank);
   }
   // Larger than one transfer: chunks, issued by progress.
   auto* op = new RmaOp{};
@@ -166,24 +192,26 @@ void Rma::on_notification(const net::Event& e) {
   dc_.deliver(static_cast<std::uint16_t>((e.data >> 16) & 0xFFFF), std::move(c));
 }
 
-void Rma::on_single(Packet* p, net::Transport* t, int error) {
+void Rma::on_single(Packet* p, net::Transport* t, int error, bool abandoned) {
   const RmaSingle op = p->rma;
   dc_.return_credit();
-  release_registration(t, op.mr);
+  if (!abandoned) release_registration(t, op.mr);
   Completion c;
   c.op = op.op;
   c.rank = op.rank;
   c.size = op.size;
   c.context = op.context;
-  c.error = error;
-  dc_.pool().put(p);
+  c.error = rma_error(dc_, op.rank, error, op.op == OpKind::get ? "get" : "put");
+  // An abandoned packet never returns to the pool: the transport may still hold its context.
+  if (!abandoned) dc_.pool().put(p);
   signal_local(op.local, std::move(c));
 }
 
-void Rma::on_chunk(Chunk* chunk, int error) {
+void Rma::on_chunk(Chunk* chunk, int error, bool abandoned) {
   auto* op = static_cast<RmaOp*>(chunk->owner);
   dc_.return_credit();
-  if (error != 0) op->error = error;
+  if (abandoned) op->abandoned = true;
+  if (error != 0) op->error = rma_error(dc_, op->rank, error, op->op == OpKind::get ? "get" : "put");
   ++op->completed;  // the deferred step finishes the operation (and issues a notifying last chunk)
 }
 

@@ -42,8 +42,10 @@ class Rma {
   Status post(const RmaRequest& r);
   // Events: a one-transfer put/get (CtxKind::rma_single) over transport `t`, a chunk of a
   // larger one (rma_chunk), and a notifying put that landed here.
-  void on_single(Packet* p, net::Transport* t, int error);
-  void on_chunk(Chunk* c, int error);
+  // `abandoned`: the transport gave the operation up (Event::abandoned): its context's memory
+  // is never reused.
+  void on_single(Packet* p, net::Transport* t, int error, bool abandoned);
+  void on_chunk(Chunk* c, int error, bool abandoned);
   void on_notification(const net::Event& e);
 
  private:

@@ -5,9 +5,13 @@
 #include <rdma/fi_rma.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
+#include <mutex>
+#include <unordered_set>
 
 #include "common/log.hpp"
+#include "common/spinlock.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::net::ofi {
@@ -60,6 +64,73 @@ class OfiRegistration final : public Registration {
 
 inline void* fi_ctx(detail::OpContext* ctx) noexcept { return ctx->backend; }
 
+// RMA operations in flight (get, put, put_data: the ones a provider may never complete when
+// their peer dies), by context, with their peer's rank. fi_context2 fills the context's
+// backend bytes, so they live in this table: open addressing, linear probing, a power-of-two
+// size that doubles at half load (tombstones count), so an insert allocates only when the
+// table grows. Not thread-safe: the transport guards it with a spin lock.
+class RmaTable {
+ public:
+  RmaTable() : slots_(1024) {}
+  void insert(detail::OpContext* ctx, int rank) {
+    if ((used_ + 1) * 2 > slots_.size()) grow();
+    Slot* s = &slots_[index(ctx)];
+    while (s->ctx != nullptr && s->ctx != tomb()) s = next(s);
+    if (s->ctx == nullptr) ++used_;
+    *s = Slot{ctx, rank};
+  }
+  // Removes `ctx`; false when it is not here.
+  bool erase(detail::OpContext* ctx) noexcept {
+    for (Slot* s = &slots_[index(ctx)]; s->ctx != nullptr; s = next(s)) {
+      if (s->ctx == ctx) {
+        s->ctx = tomb();
+        return true;
+      }
+    }
+    return false;
+  }
+  // Removes every operation to `rank`, appending its context to `out`.
+  void take_rank(int rank, std::vector<std::pair<detail::OpContext*, int>>& out) {
+    for (Slot& s : slots_) {
+      if (s.ctx == nullptr || s.ctx == tomb() || s.rank != rank) continue;
+      out.emplace_back(s.ctx, rank);
+      s.ctx = tomb();
+    }
+  }
+
+ private:
+  struct Slot {
+    detail::OpContext* ctx = nullptr;  // null: empty; tomb(): erased
+    int rank = -1;
+  };
+  static detail::OpContext* tomb() noexcept { return reinterpret_cast<detail::OpContext*>(std::uintptr_t{1}); }
+  std::size_t index(const detail::OpContext* ctx) const noexcept {
+    // Contexts are at least 8-byte aligned; a multiplicative hash spreads the rest.
+    const auto h = (reinterpret_cast<std::uintptr_t>(ctx) >> 3) * 0x9E3779B97F4A7C15ull;
+    return static_cast<std::size_t>(h >> 20) & (slots_.size() - 1);
+  }
+  Slot* next(Slot* s) noexcept { return s + 1 == slots_.data() + slots_.size() ? slots_.data() : s + 1; }
+  void grow() {
+    std::vector<Slot> old(slots_.size() * 2);
+    old.swap(slots_);
+    used_ = 0;
+    for (const Slot& s : old)
+      if (s.ctx != nullptr && s.ctx != tomb()) insert(s.ctx, s.rank);
+  }
+  std::vector<Slot> slots_;
+  std::size_t used_ = 0;  // live entries and tombstones
+};
+
+inline bool is_rma(const detail::OpContext* c) noexcept {
+  const detail::CtxKind k = c->kind();
+  return k == detail::CtxKind::rma_single || k == detail::CtxKind::rma_chunk || k == detail::CtxKind::rdv_read;
+}
+
+// How long the provider gets to complete a failed peer's operations itself before they are
+// reported abandoned. tcp's connection errors come at once; libfabric's shm never completes a
+// read from a dead peer.
+constexpr std::chrono::milliseconds kAbandonGrace{1000};
+
 class OfiTransport final : public Transport {
  public:
   explicit OfiTransport(Fabric& fabric) : endpoint_(fabric, 0) {
@@ -101,21 +172,32 @@ class OfiTransport final : public Transport {
   }
   int put(int rank, const void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
           detail::OpContext* ctx) override {
-    return to_errno(fi_write(endpoint_.ep(), buf, len, desc, to_[rank], addr, key, fi_ctx(ctx)));
+    track(ctx, rank);
+    return tracked_result(ctx, fi_write(endpoint_.ep(), buf, len, desc, to_[rank], addr, key, fi_ctx(ctx)));
   }
   int put_data(int rank, const void* buf, std::size_t len, void* desc, std::uint64_t data, std::uint64_t addr,
                std::uint64_t key, detail::OpContext* ctx) override {
-    return to_errno(fi_writedata(endpoint_.ep(), buf, len, desc, data, to_[rank], addr, key, fi_ctx(ctx)));
+    track(ctx, rank);
+    return tracked_result(ctx, fi_writedata(endpoint_.ep(), buf, len, desc, data, to_[rank], addr, key, fi_ctx(ctx)));
   }
   int inject_put(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key) override {
     return to_errno(fi_inject_write(endpoint_.ep(), buf, len, to_[rank], addr, key));
   }
   int get(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
           detail::OpContext* ctx) override {
-    return to_errno(fi_read(endpoint_.ep(), buf, len, desc, to_[rank], addr, key, fi_ctx(ctx)));
+    track(ctx, rank);
+    return tracked_result(ctx, fi_read(endpoint_.ep(), buf, len, desc, to_[rank], addr, key, fi_ctx(ctx)));
+  }
+
+  void peer_failed(int rank) override {
+    failing_.push_back(Failing{rank, std::chrono::steady_clock::now() + kAbandonGrace});
   }
 
   int poll(Event* events, int max) override {
+    if (__builtin_expect(!failing_.empty() || !abandoning_.empty(), 0)) {
+      const int n = abandon(events, max);
+      if (n > 0) return n;
+    }
     fi_cq_data_entry entries[kMaxPoll];
     fi_addr_t sources[kMaxPoll];
     if (max > kMaxPoll) max = kMaxPoll;
@@ -129,11 +211,13 @@ class OfiTransport final : public Transport {
         // Every post ferry makes carries a context: an entry without one (and not a remote
         // write) is not ferry's to dispatch.
         if (e.op_context == nullptr && !remote_write) continue;
+        if (!remote_write && settle(static_cast<detail::OpContext*>(e.op_context))) continue;
         Event& out = events[out_n++];
         out.length = e.len;
         out.error = 0;
         out.rank = caps_.reports_source ? rank_of(sources[i]) : -1;
         out.remote_write = remote_write;
+        out.abandoned = false;
         out.data = e.data;
         // Only under FI_RX_CQ_DATA does a remote write consume a posted receive and carry its
         // context; otherwise op_context is the provider's own value (shm reports message ids
@@ -153,9 +237,16 @@ class OfiTransport final : public Transport {
     // it used up a posted receive); and an entry without a context is nobody's to finish.
     const bool remote_write = (err.flags & FI_REMOTE_WRITE) != 0;
     if (err.op_context == nullptr || (remote_write && !caps_.remote_data_consumes_recv)) {
-      FERRY_LOG(error, "error completion without an operation of this rank: %s", fi_strerror(static_cast<int>(err.err)));
+      // A peer's failure can produce many (the provider's own operations for it): the first
+      // few are shown, the rest counted.
+      const std::uint64_t seen = ++anonymous_errors_;
+      if (seen <= 3) {
+        FERRY_LOG(error, "error completion without an operation of this rank: %s%s", fi_strerror(static_cast<int>(err.err)),
+                  seen == 3 ? " (further ones are not shown)" : "");
+      }
       return 0;
     }
+    if (settle(static_cast<detail::OpContext*>(err.op_context))) return 0;
     Event& out = events[0];
     out.context = static_cast<detail::OpContext*>(err.op_context);
     out.length = err.len;
@@ -163,6 +254,7 @@ class OfiTransport final : public Transport {
     out.rank = -1;
     out.remote_write = false;
     out.error = to_errno(err.err != 0 ? err.err : FI_EIO);
+    out.abandoned = false;
     return 1;
   }
 
@@ -177,9 +269,75 @@ class OfiTransport final : public Transport {
     return a < from_.size() ? from_[a] : -1;
   }
 
+  // RMA tracking: posts by any thread, under rma_lock_ (RMA only; never the message path).
+  void track(detail::OpContext* ctx, int rank) {
+    std::lock_guard<detail::SpinLock> g(rma_lock_);
+    in_flight_.insert(ctx, rank);
+  }
+  int tracked_result(detail::OpContext* ctx, long rc) noexcept {
+    if (rc != 0) {
+      std::lock_guard<detail::SpinLock> g(rma_lock_);
+      in_flight_.erase(ctx);
+    }
+    return to_errno(rc);
+  }
+  // A provider completion of `ctx`: an RMA operation leaves the tracking list; true when it
+  // was abandoned already (the event is dropped: the core has finished it).
+  bool settle(detail::OpContext* ctx) noexcept {
+    if (!is_rma(ctx)) return false;
+    if (__builtin_expect(!abandoned_.empty(), 0) && abandoned_.erase(ctx) != 0) return true;
+    std::lock_guard<detail::SpinLock> g(rma_lock_);
+    in_flight_.erase(ctx);
+    return false;
+  }
+  // Failed peers whose grace period is over: their RMA operations still in flight become
+  // abandoned events. The poll lock holder only.
+  int abandon(Event* events, int max) {
+    const auto now = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < failing_.size();) {
+      if (failing_[i].deadline > now) {
+        ++i;
+        continue;
+      }
+      const int rank = failing_[i].rank;
+      {
+        std::lock_guard<detail::SpinLock> g(rma_lock_);
+        in_flight_.take_rank(rank, abandoning_);
+      }
+      failing_[i] = failing_.back();
+      failing_.pop_back();
+    }
+    int n = 0;
+    while (n < max && !abandoning_.empty()) {
+      const auto [c, rank] = abandoning_.back();
+      abandoning_.pop_back();
+      abandoned_.insert(c);
+      Event& out = events[n++];
+      out = Event{};
+      out.context = c;
+      out.rank = rank;
+      out.error = -EHOSTDOWN;
+      out.abandoned = true;
+    }
+    return n;
+  }
+
   Endpoint endpoint_;
   std::vector<fi_addr_t> to_;  // by rank; written by connect, read-only afterwards
   std::vector<int> from_;      // by fi_addr_t
+  std::uint64_t anonymous_errors_ = 0;  // the poll lock holder's
+  detail::SpinLock rma_lock_;
+  RmaTable in_flight_;  // RMA operations in flight, under rma_lock_
+  // Peer failure, by the poll lock holder only: failed ranks in their grace period, contexts
+  // to report abandoned, and those reported (a later provider completion of one is dropped;
+  // the core never reuses their memory, so an entry can never name a newer operation).
+  struct Failing {
+    int rank;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  std::vector<Failing> failing_;
+  std::vector<std::pair<detail::OpContext*, int>> abandoning_;
+  std::unordered_set<detail::OpContext*> abandoned_;
 };
 
 }  // namespace

@@ -1,0 +1,361 @@
+// Peer failure, end to end. The last rank (the victim) SIGKILLs itself in the middle of a
+// flood from every other rank, with operations of every kind pending to and from it: a
+// receive naming it, a rendezvous send it will never receive, active messages (eager,
+// fragmented, rendezvous) and gets in flight. Every survivor must then, within the bound:
+//  - see every operation it posted either complete normally or complete with
+//    peer_failed_error naming the victim (none lost, none signalled twice);
+//  - get Status failed naming the victim from new posts to it, and failed_ranks() == {victim};
+//  - get ferry::PeerFailed naming the victim from barrier() and finalize();
+//  - keep exchanging byte-exact messages with the other survivors (4 ranks and more).
+// Data exchanged before the failure is checked byte for byte too.
+//
+// Usage (under ferryrun --keep-going): ferry-mp-peer-failure [threads]
+// FERRY_TEST_STAMP=<file>: the victim writes its CLOCK_MONOTONIC time of death there, so the
+// survivors (on the same host) can report how long detection took.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int g_rank = -1;
+
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "rank %d: FAIL: %s\n", g_rank, what.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+unsigned char pattern(int src, std::size_t size, std::size_t i) {
+  return static_cast<unsigned char>((static_cast<std::size_t>(src) * 31u + size * 7u + i * 13u + (i >> 12)) & 0xFF);
+}
+void fill(std::vector<unsigned char>& v, int src) {
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = pattern(src, v.size(), i);
+}
+bool intact(const void* data, std::size_t n, int src) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i)
+    if (p[i] != pattern(src, n, i)) return false;
+  return true;
+}
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+constexpr std::uint16_t kInbox = 1;  // before the failure, and the flood
+constexpr std::uint16_t kSurvivors = 2;  // survivors among themselves, after it
+constexpr ferry::Tag kBefore = 1, kAfter = 2, kDone = 3, kFlood = 4, kNeverSent = 7, kNeverReceived = 8;
+const std::size_t kSizes[] = {8, 3000, 100000};  // eager, fragmented (or rendezvous), rendezvous
+constexpr int kPerSize = 40;                      // messages per size, per peer, per phase
+constexpr double kDeadline = 30.0;                // seconds any wait may take before it is a failure
+
+// Sends kPerSize messages of every size in kSizes to `to` with `tag`; waits for their local
+// completions (a rendezvous send's buffer is in use until then).
+void send_checked_batch(ferry::Device& dev, const std::vector<std::vector<unsigned char>>& bufs, int to,
+                        ferry::Tag tag, std::uint16_t target) {
+  ferry::CompletionQueue local;
+  int posted = 0;
+  for (int i = 0; i < kPerSize; ++i) {
+    for (const auto& b : bufs) {
+      for (;;) {
+        const ferry::Status s =
+            dev.post_am({.rank = to, .buffer = b.data(), .size = b.size(), .target = {target}, .tag = tag, .local = &local});
+        if (s.is_retry()) {
+          dev.progress();
+          continue;
+        }
+        if (s.is_failed()) fail("post_am to survivor " + std::to_string(to) + " returned failed");
+        if (s.is_posted()) ++posted;
+        break;
+      }
+    }
+  }
+  const auto start = Clock::now();
+  while (posted > 0) {
+    dev.progress();
+    if (auto c = local.pop()) {
+      if (!c->ok()) fail("an active message to rank " + std::to_string(to) + " failed: " + c->error_string());
+      --posted;
+    }
+    if (seconds_since(start) > kDeadline) fail("local completions to rank " + std::to_string(to) + " never came");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
+  if (threads < 1 || threads > 16) fail(std::string("threads=") + (argc > 1 ? argv[1] : "") + " must be 1..16");
+  ferry::Runtime rt;
+  g_rank = rt.rank();
+  const int me = rt.rank(), n = rt.size(), victim = n - 1;
+  if (n < 2) fail("needs at least 2 ranks");
+  // The test script checks that exactly these processes are gone afterwards.
+  std::fprintf(stderr, "rank %d pid %d\n", me, static_cast<int>(getpid()));
+  ferry::Device& dev = rt.device();
+  ferry::CompletionQueue inbox;
+  ferry::Exposure exposure = rt.expose(inbox, kInbox);
+  ferry::CompletionQueue survivors;
+  ferry::Exposure survivors_exposure = rt.expose(survivors, kSurvivors);
+
+  // A region every rank can read, and the victim's key.
+  std::vector<unsigned char> region_bytes(1 << 20);
+  fill(region_bytes, me);
+  ferry::MemoryRegion region = dev.register_memory(region_bytes.data(), region_bytes.size());
+  const ferry::RemoteKey mine = region.remote_key();
+  rt.kv_put("peer_failure.key", std::string(reinterpret_cast<const char*>(&mine), sizeof mine));
+  rt.kv_fence();
+  ferry::RemoteKey victim_key{};
+  {
+    const std::string k = rt.kv_get(victim, "peer_failure.key");
+    if (k.size() != sizeof victim_key) fail("the victim's key has " + std::to_string(k.size()) + " bytes");
+    std::memcpy(&victim_key, k.data(), sizeof victim_key);
+  }
+
+  std::vector<std::vector<unsigned char>> bufs;
+  for (std::size_t size : kSizes) {
+    bufs.emplace_back(size);
+    fill(bufs.back(), me);
+  }
+  rt.barrier();
+
+  // ---- before the failure: everyone with everyone, byte-exact -------------------------------
+  {
+    const int expected = (n - 1) * kPerSize * static_cast<int>(std::size(kSizes));
+    int got = 0;
+    for (int to = 0; to < n; ++to)
+      if (to != me) send_checked_batch(dev, bufs, to, kBefore, kInbox);
+    const auto start = Clock::now();
+    while (got < expected) {
+      dev.progress();
+      if (auto c = inbox.pop()) {
+        if (c->tag != kBefore || !c->ok()) fail("unexpected message before the failure: " + c->error_string());
+        if (!intact(c->buffer.data(), c->buffer.size(), c->rank)) fail("corrupt message from rank " + std::to_string(c->rank));
+        ++got;
+      }
+      if (seconds_since(start) > kDeadline) fail("messages before the failure: " + std::to_string(got) + " of " + std::to_string(expected));
+    }
+  }
+
+  // ---- survivors: operations of every kind pending to and from the victim --------------------
+  // The receive and the rendezvous send are posted before the barrier the victim passes
+  // before dying, so they are surely pending when it dies.
+  ferry::CompletionQueue ops;
+  std::atomic<long> posted{0};
+  unsigned char never[64];
+  std::vector<unsigned char> big(256 * 1024);
+  fill(big, me);
+  if (me != victim) {
+    const ferry::Status s =
+        dev.post_recv({.rank = victim, .buffer = never, .size = sizeof never, .tag = kNeverSent, .local = &ops});
+    if (!s.is_posted()) fail(std::string("post_recv from the victim: ") + ferry::to_string(s.kind));
+    ++posted;
+  }
+  for (; me != victim;) {
+    const ferry::Status s =
+        dev.post_send({.rank = victim, .buffer = big.data(), .size = big.size(), .tag = kNeverReceived, .local = &ops});
+    if (s.is_retry()) {
+      dev.progress();
+      continue;
+    }
+    if (!s.is_posted()) fail(std::string("rendezvous post_send to the victim: ") + ferry::to_string(s.kind));
+    ++posted;
+    break;
+  }
+
+  rt.barrier();
+
+  if (me == victim) {
+    // Take part in the flood, then die with everything in flight: once every survivor's flood
+    // has reached it (so every survivor is past the barrier above).
+    const auto start = Clock::now();
+    long received = 0;
+    std::vector<long> from(static_cast<std::size_t>(n), 0);
+    auto everyone_flooding = [&] {
+      for (int r = 0; r < n - 1; ++r)
+        if (from[static_cast<std::size_t>(r)] < 300) return false;
+      return true;
+    };
+    std::vector<unsigned char> out(70000);
+    fill(out, me);
+    while (!everyone_flooding()) {
+      if (seconds_since(start) > kDeadline) fail("the survivors' flood did not reach the victim");
+      dev.progress();
+      while (auto c = inbox.pop()) {
+        ++received;
+        if (c->rank >= 0 && c->rank < n) ++from[static_cast<std::size_t>(c->rank)];
+      }
+      for (int to = 0; to < n - 1; ++to)  // rendezvous messages the survivors read from us
+        (void)dev.post_am({.rank = to, .buffer = out.data(), .size = out.size(), .target = {kInbox}, .tag = kFlood});
+    }
+    if (const char* stamp = std::getenv("FERRY_TEST_STAMP")) {
+      std::ofstream(stamp) << std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+    }
+    std::fprintf(stderr, "rank %d: killing itself (SIGKILL) after %ld flood messages\n", me, received);
+    std::fflush(stderr);
+    ::raise(SIGKILL);
+  }
+
+  std::atomic<int> flooding{threads};
+  std::atomic<long> failed_posts{0};
+  std::atomic<long> posted_gets{0};
+  std::mutex first_mutex;
+  Clock::time_point first_failed_post{};
+  std::vector<std::thread> pool;
+  std::vector<std::vector<unsigned char>> gets(static_cast<std::size_t>(threads), std::vector<unsigned char>(65536));
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (long i = 0;; ++i) {
+        ferry::Status s;
+        if (i % 16 == 15) {
+          s = dev.post_get({.rank = victim, .buffer = gets[static_cast<std::size_t>(t)].data(), .size = 65536,
+                            .remote = victim_key, .offset = static_cast<std::size_t>(t) * 65536, .local = &ops});
+        } else {
+          const auto& b = bufs[static_cast<std::size_t>(i) % bufs.size()];
+          s = dev.post_am({.rank = victim, .buffer = b.data(), .size = b.size(), .target = {kInbox}, .tag = kFlood, .local = &ops});
+        }
+        if (s.is_posted()) ++posted;
+        if (s.is_posted() && i % 16 == 15) ++posted_gets;
+        if (s.is_retry()) dev.progress();
+        if (s.is_failed()) {
+          if (s.rank != victim) fail("a post failed naming rank " + std::to_string(s.rank) + ", not the victim");
+          {
+            std::lock_guard<std::mutex> g(first_mutex);
+            if (first_failed_post == Clock::time_point{}) first_failed_post = Clock::now();
+          }
+          ++failed_posts;
+          break;
+        }
+        if ((i & 7) == 0) dev.progress();
+      }
+      --flooding;
+    });
+  }
+
+  // Every posted operation completes, each exactly once, normally or with the victim's failure.
+  long completed = 0, failed_ops = 0, from_victim = 0, from_victim_failed = 0;
+  long completed_by_kind[8] = {};
+  bool recv_failed = false, send_failed = false;
+  const auto start = Clock::now();
+  while (flooding.load() > 0 || completed < posted.load()) {
+    dev.progress();
+    while (auto c = ops.pop()) {
+      ++completed;
+      ++completed_by_kind[static_cast<int>(c->op) & 7];
+      if (c->ok()) continue;
+      if (c->error != ferry::peer_failed_error || c->rank != victim)
+        fail("an operation failed with '" + c->error_string() + "', not the victim's failure");
+      ++failed_ops;
+      if (c->op == ferry::OpKind::recv && c->tag == kNeverSent) recv_failed = true;
+      if (c->op == ferry::OpKind::send && c->tag == kNeverReceived) send_failed = true;
+    }
+    while (auto c = inbox.pop()) {
+      if (c->rank != victim || c->tag != kFlood) fail("unexpected message from rank " + std::to_string(c->rank));
+      ++from_victim;
+      if (!c->ok()) {
+        if (c->error != ferry::peer_failed_error) fail("a message from the victim failed with " + c->error_string());
+        ++from_victim_failed;
+      } else if (!intact(c->buffer.data(), c->buffer.size(), victim)) {
+        fail("corrupt message from the victim");
+      }
+    }
+    if (seconds_since(start) > kDeadline)
+      fail("after " + std::to_string(kDeadline) + " s: " + std::to_string(flooding.load()) + " threads still flooding, " +
+           std::to_string(completed) + " of " + std::to_string(posted.load()) + " operations completed (am " +
+           std::to_string(completed_by_kind[0]) + ", get " + std::to_string(completed_by_kind[4]) + " of " +
+           std::to_string(posted_gets.load()) + ")");
+  }
+  for (auto& t : pool) t.join();
+  if (completed != posted.load()) fail("completions " + std::to_string(completed) + " != posted " + std::to_string(posted.load()));
+  if (!recv_failed) fail("the receive naming the victim did not complete with its failure");
+  if (!send_failed) fail("the rendezvous send to the victim did not complete with its failure");
+  if (ops.pop()) fail("a completion was signalled twice");
+
+  double detect_ms = -1;
+  if (const char* stamp = std::getenv("FERRY_TEST_STAMP")) {
+    long long died = 0;
+    std::ifstream(stamp) >> died;
+    const long long seen = std::chrono::duration_cast<std::chrono::nanoseconds>(first_failed_post.time_since_epoch()).count();
+    if (died > 0) detect_ms = static_cast<double>(seen - died) / 1e6;
+  }
+
+  // The failure is named everywhere.
+  const std::vector<int> failed = rt.failed_ranks();
+  if (failed != std::vector<int>{victim}) fail("failed_ranks() does not name exactly the victim");
+  {
+    const ferry::Status s = dev.post_recv({.rank = victim, .buffer = never, .size = sizeof never, .tag = kNeverSent, .local = &ops});
+    if (!s.is_failed() || s.rank != victim) fail(std::string("post_recv after the failure: ") + ferry::to_string(s.kind));
+    const ferry::Status p = dev.post_put({.rank = victim, .buffer = big.data(), .size = 4096, .remote = victim_key, .local = &ops});
+    if (!p.is_failed() || p.rank != victim) fail(std::string("post_put after the failure: ") + ferry::to_string(p.kind));
+  }
+  try {
+    rt.barrier();
+    fail("barrier() returned although the victim is dead");
+  } catch (const ferry::PeerFailed& e) {
+    if (e.rank() != victim) fail(std::string("barrier named the wrong rank: ") + e.what());
+  }
+
+  // ---- the survivors among themselves ---------------------------------------------------------
+  int others = 0;
+  for (int to = 0; to < n - 1; ++to) {
+    if (to == me) continue;
+    ++others;
+    send_checked_batch(dev, bufs, to, kAfter, kSurvivors);
+    for (;;) {
+      const ferry::Status s = dev.post_am({.rank = to, .buffer = nullptr, .size = 0, .target = {kSurvivors}, .tag = kDone});
+      if (s.is_retry()) {
+        dev.progress();
+        continue;
+      }
+      if (!s.is_done()) fail(std::string("the done message: ") + ferry::to_string(s.kind));
+      break;
+    }
+  }
+  {
+    const int expected = others * kPerSize * static_cast<int>(std::size(kSizes));
+    int got = 0, done = 0;
+    const auto t0 = Clock::now();
+    while (got < expected || done < others) {
+      dev.progress();
+      while (auto late = inbox.pop()) {  // late flood messages from the victim
+        if (late->rank != victim) fail("a flood message from rank " + std::to_string(late->rank));
+      }
+      if (auto c = survivors.pop()) {
+        if (!c->ok()) fail("a message among survivors failed: " + c->error_string());
+        if (c->tag == kDone) {
+          ++done;
+          continue;
+        }
+        if (c->tag != kAfter || !intact(c->buffer.data(), c->buffer.size(), c->rank))
+          fail("corrupt or unexpected message from survivor " + std::to_string(c->rank));
+        ++got;
+      }
+      if (seconds_since(t0) > kDeadline) fail("survivor traffic: " + std::to_string(got) + " of " + std::to_string(expected));
+    }
+  }
+
+  try {
+    rt.finalize();
+    fail("finalize() returned normally although the victim is dead");
+  } catch (const ferry::PeerFailed& e) {
+    if (e.rank() != victim) fail(std::string("finalize named the wrong rank: ") + e.what());
+  }
+  std::printf("rank %d: peer failure OK: victim %d reported %.1f ms after its death; %ld posted, %ld failed with it, "
+              "%ld posts refused; %ld messages from it (%ld failed); %d survivors exchanged intact messages\n",
+              me, victim, detect_ms, posted.load(), failed_ops, failed_posts.load(), from_victim, from_victim_failed, others);
+  return 0;
+}

@@ -1,0 +1,20 @@
+# rank_cleanup.sh — sourced by the multi-process test scripts that kill ranks.
+#
+# ranks_gone_and_clean PIDS: fails (via the caller's `fail`) when a rank pid is still running
+# or left a ferry segment in /dev/shm. libfabric's shm provider keeps its region
+# ("<pid>:<n>:<n>") until its endpoint closes, which a SIGKILLed process never does: a known
+# limit of that provider, not of ferry's segments; the test removes its own ranks' regions,
+# by pid, and says so.
+ranks_gone_and_clean() {
+  local p f
+  for p in $1; do
+    kill -0 "$p" 2>/dev/null && fail "rank pid $p is still running"
+    ls /dev/shm | grep -q "^ferry-$p-" && fail "a segment of rank pid $p is left in /dev/shm"
+    for f in /dev/shm/"$p":*; do
+      [ -e "$f" ] || continue
+      echo "note: removing libfabric's region $f of the killed rank pid $p"
+      rm -f "$f"
+    done
+  done
+  return 0
+}
