@@ -18,6 +18,7 @@
 #pragma once
 
 #include <atomic>
+#include <exception>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -235,6 +236,7 @@ class Future {
   struct State {
     std::atomic<bool> ready{false};
     std::conditional_t<std::is_void_v<R>, char, R> value{};
+    std::exception_ptr error;  // set before ready: the call's rank failed (ferry::PeerFailed)
   };
   Future() = default;
   Future(Runtime* rt, std::shared_ptr<State> s) : rt_(rt), state_(std::move(s)) {}
@@ -274,14 +276,22 @@ class Runtime {
     send_call(rank, a.id, 0, serialize<Args...>(std::forward<Given>(args)...));
   }
 
-  // Runs action(args...) on `rank` and brings its result back.
+  // Runs action(args...) on `rank` and brings its result back. When `rank` fails before its
+  // reply arrives (or has failed already), the future holds ferry::PeerFailed naming it, which
+  // get() throws.
   template <class R, class... Args, class... Given>
   Future<R> async_future(int rank, const Action<R, Args...>& a, Given&&... args) {
     auto state = std::make_shared<typename Future<R>::State>();
-    const std::uint64_t token = register_pending(state, [state](detail::Reader& r) {
-      if constexpr (!std::is_void_v<R>) state->value = r.arg<R>();
-      state->ready.store(true, std::memory_order_release);
-    });
+    const std::uint64_t token = register_pending(
+        rank, state,
+        [state](detail::Reader& r) {
+          if constexpr (!std::is_void_v<R>) state->value = r.arg<R>();
+          state->ready.store(true, std::memory_order_release);
+        },
+        [state](std::exception_ptr e) {
+          state->error = std::move(e);
+          state->ready.store(true, std::memory_order_release);
+        });
     send_call(rank, a.id, token, serialize<Args...>(std::forward<Given>(args)...));
     return Future<R>(this, std::move(state));
   }
@@ -293,7 +303,8 @@ class Runtime {
   // something. What Future::get and finalize use to help while they wait.
   bool help();
 
-  // Collective: returns on every rank once no task and no parcel is left anywhere.
+  // Collective: returns on every rank once no task and no parcel is left anywhere. Throws
+  // ferry::PeerFailed when a rank has failed (termination cannot be agreed without it).
   void finalize();
 
   // Parcels this rank's application sent / received (control traffic excluded).
@@ -337,7 +348,8 @@ class Runtime {
   }
 
   void register_invoker(std::uint64_t id, const std::string& name, detail::Invoker invoker);
-  std::uint64_t register_pending(std::shared_ptr<void> keep, std::function<void(detail::Reader&)> on_reply);
+  std::uint64_t register_pending(int rank, std::shared_ptr<void> keep, std::function<void(detail::Reader&)> on_reply,
+                                 std::function<void(std::exception_ptr)> on_error);
   void send_call(int rank, std::uint64_t action, std::uint64_t reply_to, detail::Writer&& w);
   void send_reply(int rank, std::uint64_t token, detail::Writer&& w);
   std::size_t zc_threshold() const noexcept;
@@ -349,6 +361,7 @@ template <class R>
 R Future<R>::get() {
   if (!state_) throw Error("Future::get: the future is empty");
   while (!state_->ready.load(std::memory_order_acquire)) rt_->help();
+  if (state_->error) std::rethrow_exception(state_->error);
   if constexpr (!std::is_void_v<R>) return std::move(state_->value);
 }
 

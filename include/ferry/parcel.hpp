@@ -65,6 +65,18 @@ class Upcalls {
   virtual std::vector<Chunk> allocate_zc_chunks(int source, const Chunk& nzc,
                                                 const std::vector<std::size_t>& zc_sizes) = 0;
   virtual void handle_parcel(int source, Parcel&& parcel) = 0;
+
+  // Peer failure (ferry::Runtime::failed_ranks; the MPI parcelports never report one: MPI ends
+  // the job). All three are called from inside background_work(), on any thread.
+  // `rank` failed: called once per failed rank, as soon as the parcelport learns of it.
+  virtual void peer_failed(int rank) { (void)rank; }
+  // A parcel to `destination` could not be delivered (`error`: ferry::peer_failed_error when
+  // the destination failed). Called once for that parcel; its on_sent is still called after.
+  virtual void send_failed(int destination, int error) { (void)destination, (void)error; }
+  // A parcel from `source` could not be completed (`error` as above): it never reaches
+  // handle_parcel. `parcel` holds what was received or allocated for it, zero-copy chunks from
+  // allocate_zc_chunks included, so the layer above can free them.
+  virtual void receive_failed(int source, Parcel&& parcel, int error) { (void)source, (void)parcel, (void)error; }
 };
 
 using SentCallback = std::function<void()>;

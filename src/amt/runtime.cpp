@@ -10,6 +10,7 @@
 #include <chrono>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <thread>
 #include <unordered_map>
@@ -35,8 +36,71 @@ namespace {
 enum class Kind : std::uint8_t { call = 1, reply = 2, term_query = 3, term_report = 4, term_stop = 5 };
 
 struct Pending {
+  int rank = -1;  // the call went there
   std::shared_ptr<void> keep;
   std::function<void(detail::Reader&)> on_reply;
+  std::function<void(std::exception_ptr)> on_error;
+};
+
+// Calls waiting for their reply, named on the wire by a token: slot index in the low 32 bits,
+// the slot's generation (never 0, so no token is 0: 0 means "no reply") in the high 32. A
+// reply's token is looked up here and never turned into a pointer, so a repeated, stale or
+// forged one, or one from a rank the call did not go to, finds nothing. One mutex: a call
+// that wants a reply is not the small-message path (it allocates its future's state).
+class PendingCalls {
+ public:
+  std::uint64_t add(Pending&& p) {
+    std::lock_guard<std::mutex> g(mutex_);
+    std::uint32_t i;
+    if (!free_.empty()) {
+      i = free_.back();
+      free_.pop_back();
+    } else {
+      if (slots_.size() >= 0xFFFFFFFFu) throw Error("amt: more than 2^32 calls wait for their replies");
+      i = static_cast<std::uint32_t>(slots_.size());
+      slots_.emplace_back();
+    }
+    Slot& s = slots_[i];
+    s.pending = std::move(p);
+    s.used = true;
+    return (static_cast<std::uint64_t>(s.generation) << 32) | i;
+  }
+  // The call `token` names if it went to `rank` and still waits; it leaves the table.
+  std::optional<Pending> take(std::uint64_t token, int rank) {
+    const auto i = static_cast<std::uint32_t>(token);
+    std::lock_guard<std::mutex> g(mutex_);
+    if (i >= slots_.size()) return std::nullopt;
+    Slot& s = slots_[i];
+    if (!s.used || s.generation != static_cast<std::uint32_t>(token >> 32) || s.pending.rank != rank) return std::nullopt;
+    return release(i);
+  }
+  // Every call to `rank`; they leave the table.
+  std::vector<Pending> take_rank(int rank) {
+    std::vector<Pending> out;
+    std::lock_guard<std::mutex> g(mutex_);
+    for (std::uint32_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].used && slots_[i].pending.rank == rank) out.push_back(release(i));
+    return out;
+  }
+
+ private:
+  struct Slot {
+    Pending pending;
+    std::uint32_t generation = 1;
+    bool used = false;
+  };
+  Pending release(std::uint32_t i) {
+    Slot& s = slots_[i];
+    Pending p = std::move(s.pending);
+    s.pending = Pending{};
+    s.used = false;
+    if (++s.generation == 0) s.generation = 1;
+    free_.push_back(i);
+    return p;
+  }
+  std::mutex mutex_;
+  std::vector<Slot> slots_;
+  std::vector<std::uint32_t> free_;
 };
 
 struct Report {
@@ -76,6 +140,8 @@ class Runtime::Impl final : public parcel::Upcalls {
     t.devices = options_.devices;
     t.iovec = options_.iovec;
     parcelport_ = parcel::make_parcelport(t, *this);
+    failed_ = std::make_unique<std::atomic<bool>[]>(static_cast<std::size_t>(parcelport_->size()));
+    for (int r = 0; r < parcelport_->size(); ++r) failed_[static_cast<std::size_t>(r)].store(false, std::memory_order_relaxed);
     for (int i = 0; i < options_.threads; ++i) workers_.emplace_back([this, i] { work(i); });
   }
 
@@ -312,7 +378,14 @@ class Runtime::Impl final : public parcel::Upcalls {
     r.zc_taken = &taken;
     const auto token = r.pod<std::uint64_t>();
     (void)r.pod<std::uint64_t>();
-    std::unique_ptr<Pending> pending(reinterpret_cast<Pending*>(token));
+    std::optional<Pending> pending = pending_.take(token, source);
+    if (!pending) {
+      FERRY_LOG_AT(warn, rank(), -1, "amt: dropped a reply from rank %d that names no call waiting for it (token %llx)",
+                   source, static_cast<unsigned long long>(token));
+      errors_.fetch_add(1, std::memory_order_relaxed);
+      free_zc(p, taken);
+      return;
+    }
     try {
       pending->on_reply(r);
     } catch (const std::exception& e) {
@@ -330,9 +403,42 @@ class Runtime::Impl final : public parcel::Upcalls {
     p.zc.clear();
   }
 
-  std::uint64_t register_pending(std::shared_ptr<void> keep, std::function<void(detail::Reader&)> on_reply) {
-    // The token is the record's address: only this process reads it back.
-    return reinterpret_cast<std::uint64_t>(new Pending{std::move(keep), std::move(on_reply)});
+  std::uint64_t register_pending(int rank, std::shared_ptr<void> keep, std::function<void(detail::Reader&)> on_reply,
+                                 std::function<void(std::exception_ptr)> on_error) {
+    const std::uint64_t token = pending_.add(Pending{rank, std::move(keep), std::move(on_reply), std::move(on_error)});
+    // A call to a rank already known failed fails at once (the parcel would go nowhere).
+    if (rank >= 0 && rank < size() && failed_[static_cast<std::size_t>(rank)].load(std::memory_order_acquire)) fail_calls(rank);
+    return token;
+  }
+
+  // ---- peer failure (parcel::Upcalls) ----------------------------------------------------------
+  void peer_failed(int r) override {
+    if (r < 0 || r >= size()) return;
+    int none = -1;
+    first_failed_.compare_exchange_strong(none, r, std::memory_order_acq_rel);
+    // Release: a caller that sees the flag (acquire, register_pending) and fails its own call
+    // needs nothing else from here; the pending table's mutex orders the two sweeps.
+    failed_[static_cast<std::size_t>(r)].store(true, std::memory_order_release);
+    fail_calls(r);
+  }
+  void send_failed(int destination, int) override {
+    errors_.fetch_add(1, std::memory_order_relaxed);
+    peer_failed(destination);
+  }
+  void receive_failed(int source, parcel::Parcel&& p, int) override {
+    errors_.fetch_add(1, std::memory_order_relaxed);
+    free_zc(p, {});
+    (void)source;
+  }
+  // Every call waiting for a reply from `r` gets ferry::PeerFailed.
+  void fail_calls(int r) {
+    for (Pending& p : pending_.take_rank(r)) {
+      if (p.on_error) p.on_error(std::make_exception_ptr(PeerFailed(r, "amt: rank " + std::to_string(r) + " failed before it replied")));
+    }
+  }
+  void throw_if_failed(const char* call) const {
+    const int r = first_failed_.load(std::memory_order_acquire);
+    if (r >= 0) throw PeerFailed(r, std::string("amt: ") + call + ": rank " + std::to_string(r) + " failed");
   }
 
   void send(int dest, Kind kind, std::uint64_t a, std::uint64_t b, detail::Writer&& w, bool count) {
@@ -388,6 +494,7 @@ class Runtime::Impl final : public parcel::Upcalls {
     if (rank() == 0) run_waves();
     while (!stop_received_.load(std::memory_order_acquire)) {
       if (!help()) std::this_thread::yield();
+      throw_if_failed("finalize");
     }
     parcelport_->barrier();
     std::lock_guard<std::shared_mutex> g(actions_mutex_);
@@ -417,6 +524,7 @@ class Runtime::Impl final : public parcel::Upcalls {
           if (reports_ == size()) break;
         }
         if (!help()) std::this_thread::yield();
+        throw_if_failed("finalize");
       }
       std::lock_guard<std::mutex> g(term_mutex_);
       const bool quiet = wave_quiet_ && wave_sent_ == wave_received_;
@@ -451,6 +559,9 @@ class Runtime::Impl final : public parcel::Upcalls {
   // relaxed; received_ orders with active_ (count_received).
   std::atomic<std::uint64_t> sent_{0}, received_{0};
   std::atomic<std::uint64_t> errors_{0}, unknown_{0};
+  PendingCalls pending_;
+  std::unique_ptr<std::atomic<bool>[]> failed_;  // by rank
+  std::atomic<int> first_failed_{-1};
 
   std::mutex term_mutex_;
   std::uint64_t round_ = 0;
@@ -486,8 +597,9 @@ std::uint64_t Runtime::parcels_received() const noexcept { return impl_->receive
 void Runtime::register_invoker(std::uint64_t id, const std::string& name, detail::Invoker invoker) {
   impl_->register_invoker(id, name, std::move(invoker));
 }
-std::uint64_t Runtime::register_pending(std::shared_ptr<void> keep, std::function<void(detail::Reader&)> on_reply) {
-  return impl_->register_pending(std::move(keep), std::move(on_reply));
+std::uint64_t Runtime::register_pending(int rank, std::shared_ptr<void> keep, std::function<void(detail::Reader&)> on_reply,
+                                        std::function<void(std::exception_ptr)> on_error) {
+  return impl_->register_pending(rank, std::move(keep), std::move(on_reply), std::move(on_error));
 }
 void Runtime::send_call(int rank, std::uint64_t action, std::uint64_t reply_to, detail::Writer&& w) {
   impl_->send(rank, Kind::call, action, reply_to, std::move(w), true);

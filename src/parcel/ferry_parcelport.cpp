@@ -174,9 +174,13 @@ struct HeaderSlot : State {
   SyncSlot slot;
 };
 
+// `error`: the first error of any follow-up (0: none); relaxed, read by the last finisher
+// after its acq_rel decrement of `remaining`, which orders every finisher's store before it.
 struct SendState : State {
   std::atomic<std::size_t> remaining;
   SentCallback on_sent;
+  int dest = -1;
+  std::atomic<int> error{0};
 };
 
 struct RecvState : State {
@@ -187,6 +191,7 @@ struct RecvState : State {
   std::vector<std::size_t> sizes;
   Parcel parcel;
   std::atomic<std::size_t> remaining;
+  std::atomic<int> error{0};  // as SendState::error
 };
 
 class FerryParcelport final : public Parcelport {
@@ -239,7 +244,11 @@ class FerryParcelport final : public Parcelport {
   }
 
   ~FerryParcelport() override {
-    rt_.finalize();
+    try {
+      rt_.finalize();
+    } catch (const PeerFailed&) {
+      // Closed all the same; the failure reached the layer above through peer_failed.
+    }
     // Follow-ups the runtime completed while it shut down (a rendezvous whose FIN came during
     // finalize's drain) left their completions in the queues: their records are freed here.
     // No callback runs — the layer above is shutting down and must not be called back into.
@@ -301,13 +310,14 @@ class FerryParcelport final : public Parcelport {
     const std::size_t header_size = static_cast<std::size_t>(at - scratch.data());
 
     if (!follow_ups) {
-      post_header(dev, dest, scratch.data(), header_size);
+      post_header(dev, dest, scratch.data(), header_size, true);
       if (on_sent) on_sent();
       return;
     }
     auto* st = new SendState{};
     st->kind = StateKind::send;
     st->on_sent = std::move(on_sent);
+    st->dest = dest;
     if (iovec_) {
       // One call: header as the eager part, then the nzc (if not piggybacked) and every zc chunk.
       AmIovecArgs args;
@@ -333,7 +343,7 @@ class FerryParcelport final : public Parcelport {
     if (!piggyback) chunks.push_back(parcel.nzc);
     chunks.insert(chunks.end(), parcel.zc.begin(), parcel.zc.end());
     st->remaining.store(chunks.size(), std::memory_order_relaxed);
-    post_header(dev, dest, scratch.data(), header_size);
+    post_header(dev, dest, scratch.data(), header_size, false);
     const ferry::Tag tag = h.tag;
     post_in_order(dev_index, std::move(chunks), st, [this, &dev, dev_index, dest, tag, st](const Chunk& c) {
       return post_op(dev_index, [&](CompletionObject* local) {
@@ -344,6 +354,8 @@ class FerryParcelport final : public Parcelport {
   }
 
   bool background_work() override {
+    // One relaxed-cost load per call: the core's failure count (see report_failures).
+    if (__builtin_expect(rt_.failure_count() != failures_reported_.load(std::memory_order_relaxed), 0)) report_failures();
     bool any = false;
     switch (progress_) {
       case Progress::explicit_calls:
@@ -405,6 +417,22 @@ class FerryParcelport final : public Parcelport {
   }
 
   bool progress_device(int d) { return devs_[static_cast<std::size_t>(d)]->progress(); }
+
+  // Tells the layer above of each rank that failed since the last report, once per rank. A
+  // slow path under a mutex; the count is stored after the upcalls, so a thread that reads
+  // it equal knows every failure up to it has been reported.
+  void report_failures() {
+    std::unique_lock<std::mutex> g(failure_mutex_, std::try_to_lock);
+    if (!g.owns_lock()) return;
+    const std::uint32_t count = rt_.failure_count();
+    for (int r : rt_.failed_ranks()) {
+      if (reported_ranks_.size() < static_cast<std::size_t>(size())) reported_ranks_.assign(static_cast<std::size_t>(size()), 0);
+      if (reported_ranks_[static_cast<std::size_t>(r)] != 0) continue;
+      reported_ranks_[static_cast<std::size_t>(r)] = 1;
+      upcalls_.peer_failed(r);
+    }
+    failures_reported_.store(count, std::memory_order_relaxed);
+  }
 
   CompletionQueue& cq_of(int d) noexcept { return *cqs_[per_device_ ? static_cast<std::size_t>(d) : 0]; }
   std::uint16_t header_target(int d) const noexcept {
@@ -489,7 +517,17 @@ class FerryParcelport final : public Parcelport {
       return s;
     }
     SyncSlot* slot = pool_->acquire();
-    if (slot == nullptr) return Status::make_retry(RetryReason::none);
+    if (slot == nullptr) {
+      // The pool is exhausted: this operation completes through the completion queue instead.
+      // Waiting for a slot could wait forever: the slots may all be held by operations whose
+      // peers wait, in turn, for slots of their own (a flood of 20000 zero-copy parcels did
+      // that: sends held the sender's slots, receives the receiver's, each waiting for the
+      // other's missing half). From the first overflow on, every drain also drains the queue.
+      cq_overflow_.store(true, std::memory_order_relaxed);
+      const Status s = post(static_cast<CompletionObject*>(&cq_of(d)));
+      if (s.is_posted()) expect(d);
+      return s;
+    }
     slot->arm();
     Status s;
     try {
@@ -522,14 +560,21 @@ class FerryParcelport final : public Parcelport {
     return dev.post_am({.rank = dest, .buffer = data, .size = size, .target = {header_target(dev.index())}});
   }
 
-  void post_header(Device& dev, int dest, const std::byte* data, std::size_t size) {
+  // `report`: a header-only parcel, whose failure the header reports (send_failed); a parcel
+  // with follow-ups reports it once, through them (they go to the same failed rank).
+  void post_header(Device& dev, int dest, const std::byte* data, std::size_t size, bool report) {
     for (int attempt = 0; attempt < 64; ++attempt) {
       const Status s = post_header_once(dev, dest, data, size);
+      if (s.is_failed() && report) upcalls_.send_failed(dest, peer_failed_error);
       if (!s.is_retry()) return;  // eager: done
       dev.progress();
     }
     std::vector<std::byte> copy(data, data + size);
-    defer([this, &dev, dest, copy = std::move(copy)] { return !post_header_once(dev, dest, copy.data(), copy.size()).is_retry(); });
+    defer([this, &dev, dest, report, copy = std::move(copy)] {
+      const Status s = post_header_once(dev, dest, copy.data(), copy.size());
+      if (s.is_failed() && report) upcalls_.send_failed(dest, peer_failed_error);
+      return !s.is_retry();
+    });
   }
 
   // header=sendrecv: posts hs's receive (armed, with completion=sync).
@@ -588,7 +633,7 @@ class FerryParcelport final : public Parcelport {
     for (; i < chunks.size(); ++i) {
       const Status s = post_one(chunks[i]);
       if (s.is_retry()) break;
-      if (s.is_done()) finish_one(st, s);
+      if (s.is_done() || s.is_failed()) finish_one(st, s);
     }
     if (i == chunks.size()) return;
     progress_device(d);
@@ -596,7 +641,7 @@ class FerryParcelport final : public Parcelport {
       for (; i < chunks.size(); ++i) {
         const Status s = post_one(chunks[i]);
         if (s.is_retry()) return false;
-        if (s.is_done()) finish_one(st, s);
+        if (s.is_done() || s.is_failed()) finish_one(st, s);
       }
       return true;
     });
@@ -607,14 +652,14 @@ class FerryParcelport final : public Parcelport {
   void post_deferrable(int d, Post post, State* st) {
     const Status s = post();
     if (!s.is_retry()) {
-      if (s.is_done()) finish_one(st, s);
+      if (s.is_done() || s.is_failed()) finish_one(st, s);
       return;
     }
     progress_device(d);
     defer([this, post = std::move(post), st]() mutable {
       const Status s2 = post();
       if (s2.is_retry()) return false;
-      if (s2.is_done()) finish_one(st, s2);
+      if (s2.is_done() || s2.is_failed()) finish_one(st, s2);
       return true;
     });
   }
@@ -675,7 +720,8 @@ class FerryParcelport final : public Parcelport {
   // slots and one window of the synchronizer pool.
   bool drain_completions() {
     bool any = false;
-    if (use_cq()) {
+    // Relaxed: a stale false only leaves an overflowed completion to the next call.
+    if (use_cq() || cq_overflow_.load(std::memory_order_relaxed)) {
       // parcel_queues=device: the queues of the devices the polling policy picks. explicit and
       // steal drained them as they progressed; implicit tests them before it progresses;
       // progress threads leave the workers only the queues.
@@ -722,10 +768,19 @@ class FerryParcelport final : public Parcelport {
       return;
     }
     if (!c.ok()) {
-      FERRY_LOG_AT(error, rank(), -1, "parcelport: a follow-up %s with rank %d failed: %s", to_string(c.op), c.rank,
-                   c.error_string().c_str());
+      if (c.error != peer_failed_error) {  // a failed peer is reported once, by peer_failed
+        FERRY_LOG_AT(error, rank(), -1, "parcelport: a follow-up %s with rank %d failed: %s", to_string(c.op), c.rank,
+                     c.error_string().c_str());
+      }
+      set_error(st, c.error);
     }
     finish_one(st, Status::make_done());
+  }
+
+  static void set_error(State* st, int error) noexcept {
+    std::atomic<int>& e = st->kind == StateKind::send ? static_cast<SendState*>(st)->error : static_cast<RecvState*>(st)->error;
+    int none = 0;
+    e.compare_exchange_strong(none, error, std::memory_order_relaxed);
   }
 
   // A completion left after finalize: frees its record once its last follow-up is in.
@@ -741,8 +796,9 @@ class FerryParcelport final : public Parcelport {
     }
   }
 
-  // One follow-up of `st` finished.
-  void finish_one(State* st, const Status&) {
+  // One follow-up of `st` finished (a failed post finishes it with the peer's failure).
+  void finish_one(State* st, const Status& s) {
+    if (s.is_failed()) set_error(st, peer_failed_error);
     if (st->kind == StateKind::send) {
       finish_send(static_cast<SendState*>(st));
     } else {
@@ -754,6 +810,7 @@ class FerryParcelport final : public Parcelport {
   // delivers.
   void finish_send(SendState* s) {
     if (s->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      if (const int e = s->error.load(std::memory_order_relaxed); e != 0) upcalls_.send_failed(s->dest, e);
       if (s->on_sent) s->on_sent();
       delete s;
     }
@@ -762,6 +819,10 @@ class FerryParcelport final : public Parcelport {
   [[gnu::noinline]] void finish_recv(RecvState* r) {
     if (r->awaiting_nzc) {
       r->awaiting_nzc = false;
+      if (r->error.load(std::memory_order_relaxed) != 0) {
+        deliver(r);  // as failed: no zero-copy chunks are asked for
+        return;
+      }
       start_zc(r);
       return;
     }
@@ -866,8 +927,13 @@ class FerryParcelport final : public Parcelport {
 
   void deliver(RecvState* r) {
     const int source = r->source;
+    const int error = r->error.load(std::memory_order_relaxed);
     Parcel p = std::move(r->parcel);
     delete r;
+    if (error != 0) {
+      upcalls_.receive_failed(source, std::move(p), error);
+      return;
+    }
     delivered_.fetch_add(1, std::memory_order_relaxed);
     upcalls_.handle_parcel(source, std::move(p));
   }
@@ -879,6 +945,12 @@ class FerryParcelport final : public Parcelport {
   }
 
   Upcalls& upcalls_;
+  std::mutex failure_mutex_;
+  std::vector<std::uint8_t> reported_ranks_;  // under failure_mutex_
+  std::atomic<std::uint32_t> failures_reported_{0};
+  // completion=sync: an operation found the synchronizer pool empty and completes through the
+  // completion queue (see post_op); the queues are drained from then on.
+  std::atomic<bool> cq_overflow_{false};  // relaxed: a hint; the mutex guards the reporting
   const Settings settings_;  // resolved before rt_: a bad value throws before the collective setup
   Runtime rt_;
   bool iovec_;
