@@ -436,9 +436,17 @@ class Runtime::Impl final : public parcel::Upcalls {
       if (p.on_error) p.on_error(std::make_exception_ptr(PeerFailed(r, "amt: rank " + std::to_string(r) + " failed before it replied")));
     }
   }
-  void throw_if_failed(const char* call) const {
+  // Throws PeerFailed if a rank failed; first, for 1.5 s, keeps helping, so that parcels from
+  // the failed rank still being received complete (a transport gives up a dead peer's
+  // operations after 1 s) and their memory goes back through receive_failed before teardown.
+  void throw_if_failed(const char* call) {
     const int r = first_failed_.load(std::memory_order_acquire);
-    if (r >= 0) throw PeerFailed(r, std::string("amt: ") + call + ": rank " + std::to_string(r) + " failed");
+    if (r < 0) return;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+    while (std::chrono::steady_clock::now() < until) {
+      if (!help()) std::this_thread::yield();
+    }
+    throw PeerFailed(r, std::string("amt: ") + call + ": rank " + std::to_string(r) + " failed");
   }
 
   void send(int dest, Kind kind, std::uint64_t a, std::uint64_t b, detail::Writer&& w, bool count) {

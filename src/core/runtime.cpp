@@ -240,7 +240,9 @@ void RuntimeImpl::finalize() {
   // Everyone's operations complete while everyone still progresses; then the barrier. With a
   // failed peer the barrier cannot complete: this rank closes anyway and reports the failure.
   for (auto& d : devices_) {
-    const double limit = failure_count() != 0 ? 1.0 : 10.0;
+    // After a failure: long enough for a transport to give up the failed peer's operations
+    // (net::kAbandonGraceMs), so each still completes, with the failure, before teardown.
+    const double limit = failure_count() != 0 ? net::kAbandonGraceMs / 1000.0 + 0.5 : 10.0;
     const std::size_t left = drain(*d, limit);
     if (left != 0) {
       FERRY_LOG_AT(warn, rank_, -1, "finalize: %zu operations still in flight on device %d after %.0f s", left,

@@ -76,6 +76,11 @@ class Registration {
   virtual void* desc() const noexcept = 0;
 };
 
+// How long a backend lets its provider complete a failed peer's operations itself before it
+// reports them abandoned (Transport::peer_failed). Teardown after a failure waits a little
+// longer, so every such operation is finished before the device goes.
+inline constexpr int kAbandonGraceMs = 1000;
+
 // One completion, success or error.
 struct Event {
   detail::OpContext* context = nullptr;  // the post's context; remote_write: null unless it used up a receive

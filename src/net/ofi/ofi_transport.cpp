@@ -129,7 +129,7 @@ inline bool is_rma(const detail::OpContext* c) noexcept {
 // How long the provider gets to complete a failed peer's operations itself before they are
 // reported abandoned. tcp's connection errors come at once; libfabric's shm never completes a
 // read from a dead peer.
-constexpr std::chrono::milliseconds kAbandonGrace{1000};
+constexpr std::chrono::milliseconds kAbandonGrace{kAbandonGraceMs};
 
 class OfiTransport final : public Transport {
  public:
