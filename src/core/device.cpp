@@ -454,7 +454,7 @@ void DeviceImpl::on_packet(Packet* p) {
       return;
     case MsgKind::barrier:
       pool_->put(p);
-      runtime_.barrier_arrived(h.tag);
+      runtime_.barrier_arrived(h.src, h.tag);
       return;
     case MsgKind::frag:  // on_recv hands fragments to on_fragment, which never passes one on
       pool_->put(p);

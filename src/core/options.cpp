@@ -254,8 +254,8 @@ const RuntimeOptionTable& runtime_option_table() {
                  &O::recv_cache, &S::recv_cache),
           option({"peer_check_ms", "FERRY_PEER_CHECK_MS", T::count, "200", {}, 1, 60000, nullptr,
                   "how often, in milliseconds, progress checks that the processes of peers on this host are "
-                  "alive: a dead peer is reported within this time (peers on other hosts: at their transport's "
-                  "first connection error)"},
+                  "alive: a peer whose process ended without finalizing is reported within two such intervals "
+                  "(peers on other hosts: at their transport's first connection error)"},
                  &O::peer_check_ms, &S::peer_check_ms),
           option({"lock_model", "FERRY_LOCK_MODEL", T::choice, "lockless",
                   {"lockless", "trylock", "block", "lockq", "csync", "offload"}, 0, 0, nullptr,

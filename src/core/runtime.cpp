@@ -150,7 +150,11 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   size_ = boot_->size();
   if (size_ > 0xFFFFFF) throw Error("job size " + std::to_string(size_) + " exceeds ferry's limit of 16777215 ranks");
   failed_ = std::make_unique<std::atomic<std::uint8_t>[]>(static_cast<std::size_t>(size_));
-  for (int r = 0; r < size_; ++r) failed_[static_cast<std::size_t>(r)].store(0, std::memory_order_relaxed);
+  departed_ = std::make_unique<std::atomic<std::uint8_t>[]>(static_cast<std::size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    failed_[static_cast<std::size_t>(r)].store(0, std::memory_order_relaxed);
+    departed_[static_cast<std::size_t>(r)].store(0, std::memory_order_relaxed);
+  }
   const TransportPlan plan =
       plan_transports(config_, exchange_hosts(*boot_, config_.host.empty() ? hostname() : config_.host, options_, watch_), rank_);
   if (plan.ofi) fabric_ = net::ofi::open_fabric(plan.provider);
@@ -200,7 +204,11 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   progress_threads_ = start_progress_threads(config_, handles_);
 }
 
-void RuntimeImpl::barrier_arrived(std::uint32_t step) noexcept {
+void RuntimeImpl::barrier_arrived(int src, std::uint32_t step) noexcept {
+  if (step == kDepartStep) {
+    if (src >= 0 && src < size_) departed_[static_cast<std::size_t>(src)].store(1, std::memory_order_relaxed);
+    return;
+  }
   barrier_steps_[(step >> 8) & 1][step & 31].fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -257,6 +265,7 @@ void RuntimeImpl::finalize() {
   } catch (const std::exception& e) {
     FERRY_LOG_AT(error, rank_, -1, "finalize: %s", e.what());
   }
+  depart();
   finalized_.store(true);
   for (auto& d : devices_) d->mark_finalized();
   std::lock_guard<std::mutex> guard(park_mutex_);
@@ -278,6 +287,25 @@ void RuntimeImpl::peer_failed(int rank, const std::string& how) noexcept {
   FERRY_LOG_AT(error, rank_, -1, "rank %d failed: %s", rank, how.c_str());
   // Release: a device that reads the new count (acquire) also reads the flag set above.
   failure_count_.fetch_add(1, std::memory_order_release);
+}
+
+// Tells every peer this rank is finalizing, so the end of its process that follows is not
+// taken for a failure. Best effort within a second: a peer that misses it (its queue full all
+// that time) reports this rank failed, which is what it would see anyway.
+void RuntimeImpl::depart() noexcept {
+  if (devices_.empty() || size_ == 1) return;
+  DeviceImpl& dev = *devices_[0];
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  try {
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_ || failed(r)) continue;
+      while (!dev.post_barrier_step(r, kDepartStep) && std::chrono::steady_clock::now() < deadline) {
+        for (auto& d : devices_) d->progress();
+      }
+    }
+  } catch (const std::exception& e) {
+    FERRY_LOG_AT(warn, rank_, -1, "finalize: could not tell every peer this rank is leaving: %s", e.what());
+  }
 }
 
 std::vector<int> RuntimeImpl::failed_ranks() const {
@@ -305,13 +333,22 @@ void RuntimeImpl::check_peers() noexcept {
   std::unique_lock<std::mutex> lock(watch_mutex_, std::try_to_lock);
   if (!lock.owns_lock()) return;
   next_check_ns_.store(now + std::int64_t{config_.peer_check_ms} * 1000000, std::memory_order_relaxed);
+  // A process seen ended is confirmed failed at the next check, unless its departure message
+  // came meanwhile: a rank that finalized sent it before it could end, and by the next check
+  // (an interval and at least 1024 progress calls later) this rank has polled it.
   std::vector<int> dead;
   try {
+    for (int r : suspects_) {
+      if (departed_[static_cast<std::size_t>(r)].load(std::memory_order_relaxed) == 0) {
+        peer_failed(r, "its process ended (seen by this rank's watch of the processes on its host)");
+      }
+    }
+    suspects_.clear();
     watch_.check(dead);
+    suspects_ = std::move(dead);
   } catch (...) {
     return;  // out of memory: try again at the next check
   }
-  for (int r : dead) peer_failed(r, "its process ended (seen by this rank's watch of the processes on its host)");
 }
 
 std::size_t RuntimeImpl::drain(DeviceImpl& device, double seconds) {

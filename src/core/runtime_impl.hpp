@@ -47,7 +47,11 @@ class RuntimeImpl {
   // Collective: a dissemination barrier over device 0 that keeps every device progressing
   // while it waits, so peers that need this rank's progress are never starved.
   void barrier();
-  void barrier_arrived(std::uint32_t step) noexcept;
+  // A barrier step arrived from `src`; the step kDepartStep says the sender finalized.
+  void barrier_arrived(int src, std::uint32_t step) noexcept;
+  // The barrier-kind message a finalizing rank sends every peer before its process may end:
+  // its end is a departure, not a failure (see check_peers). Barrier steps use tags below 512.
+  static constexpr std::uint32_t kDepartStep = 0x10000;
 
   // Peer failure (see Runtime::failed_ranks). peer_failed() records that `rank` failed, once,
   // and tells every device (each acts on it in its next progress, under its poll lock).
@@ -64,7 +68,8 @@ class RuntimeImpl {
   std::uint32_t failure_count() const noexcept { return failure_count_.load(std::memory_order_acquire); }
   std::vector<int> failed_ranks() const;
   // At most once per FERRY_PEER_CHECK_MS (by whichever progress call comes first): checks the
-  // watched peers' processes. Cheap when it is not yet time: one clock read.
+  // watched peers' processes; one seen ended is failed at the next check unless it departed
+  // (kDepartStep). Cheap when it is not yet time: one clock read.
   void check_peers() noexcept;
   // Throws PeerFailed naming the first failed rank, if any; `call` names the caller.
   void throw_if_failed(const char* call) const;
@@ -75,6 +80,8 @@ class RuntimeImpl {
   std::size_t max_targets() const noexcept { return config_.max_targets; }
 
  private:
+  // Finalize: sends kDepartStep to every peer (see check_peers).
+  void depart() noexcept;
   // Teardown: progresses `device` (through its lock model) until its own operations are
   // complete or `seconds` pass. Returns the number still in flight.
   std::size_t drain(DeviceImpl& device, double seconds);
@@ -100,6 +107,10 @@ class RuntimeImpl {
   PeerWatch watch_;
   std::mutex watch_mutex_;  // check_peers takes it with try_lock: one checker at a time
   std::atomic<std::int64_t> next_check_ns_{0};  // steady clock; relaxed: a hint, the mutex guards the watch
+  // By rank: 1 once its departure message arrived. Relaxed: check_peers reads it one check
+  // interval after the watch saw the process end, long after the message was polled.
+  std::unique_ptr<std::atomic<std::uint8_t>[]> departed_;
+  std::vector<int> suspects_;  // under watch_mutex_: processes seen ended at the last check
   std::unique_ptr<ProgressThreads> progress_threads_;  // FERRY_PROGRESS=thread:N; stopped first in finalize()
   // Barrier steps received, by epoch parity and round. Ranks can be at most one epoch apart
   // (nobody finishes epoch e+1 before everyone finished e), so parity tells epochs apart.
