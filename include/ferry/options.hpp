@@ -290,6 +290,7 @@ struct RuntimeOptions {
   std::size_t fragment_max = 0;
   std::size_t recv_cache = 0;
   int peer_check_ms = 0;
+  std::string launcher_watch{};  // on, off
   std::string lock_model{};
   std::string completion{};
   std::string progress{};
@@ -331,6 +332,7 @@ struct RuntimeSettings {
   std::size_t fragment_max = 0;
   std::size_t recv_cache = 0;
   int peer_check_ms = 0;
+  bool launcher_watch = true;
   LockModel lock_model = LockModel::lockless;
   CompletionMechanism completion = CompletionMechanism::cq;
   CountedChoice<ProgressMode> progress{};  // count: N of thread:N, else 0

@@ -257,6 +257,10 @@ const RuntimeOptionTable& runtime_option_table() {
                   "alive: a peer whose process ended without finalizing is reported within two such intervals "
                   "(peers on other hosts: at their transport's first connection error)"},
                  &O::peer_check_ms, &S::peer_check_ms),
+          option({"launcher_watch", "FERRY_LAUNCHER_WATCH", T::boolean, "1", {}, 0, 0, nullptr,
+                  "under a launcher (PMI-1, PMIx), end this rank when its parent process (the launcher or its "
+                  "daemon) ends, as progress sees it every FERRY_PEER_CHECK_MS: no rank outlives a killed mpirun"},
+                 &O::launcher_watch, &S::launcher_watch),
           option({"lock_model", "FERRY_LOCK_MODEL", T::choice, "lockless",
                   {"lockless", "trylock", "block", "lockq", "csync", "offload"}, 0, 0, nullptr,
                   "lock model (how threads share a device): lockless, trylock, block, lockq, csync, offload"},

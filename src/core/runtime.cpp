@@ -158,6 +158,10 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   const TransportPlan plan =
       plan_transports(config_, exchange_hosts(*boot_, config_.host.empty() ? hostname() : config_.host, options_, watch_), rank_);
   if (plan.ofi) fabric_ = net::ofi::open_fabric(plan.provider);
+  if (config_.launcher_watch && boot_->kind() != "single") {
+    const pid_t parent = ::getppid();
+    if (parent > 1) launcher_ = parent;
+  }
   targets_ = std::make_unique<std::atomic<CompletionObject*>[]>(config_.max_targets);
   for (std::size_t i = 0; i < config_.max_targets; ++i) targets_[i].store(nullptr, std::memory_order_relaxed);
   // Each device: [ofi][shm], and the index of the one that reaches each rank.
@@ -281,6 +285,8 @@ void RuntimeImpl::finalize() {
 
 void RuntimeImpl::peer_failed(int rank, const std::string& how) noexcept {
   if (rank < 0 || rank >= size_ || rank == rank_) return;
+  // A rank that finalized ends its connections as it leaves: that is no failure.
+  if (departed_[static_cast<std::size_t>(rank)].load(std::memory_order_relaxed) != 0) return;
   if (failed_[static_cast<std::size_t>(rank)].exchange(1, std::memory_order_relaxed) != 0) return;
   int none = -1;
   first_failed_.compare_exchange_strong(none, rank, std::memory_order_relaxed);
@@ -326,13 +332,20 @@ void RuntimeImpl::throw_if_failed(const char* call) const {
 }
 
 void RuntimeImpl::check_peers() noexcept {
-  if (watch_.empty()) return;
+  if (watch_.empty() && launcher_ == 0) return;
   const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                                std::chrono::steady_clock::now().time_since_epoch()).count();
   if (now < next_check_ns_.load(std::memory_order_relaxed)) return;
   std::unique_lock<std::mutex> lock(watch_mutex_, std::try_to_lock);
   if (!lock.owns_lock()) return;
   next_check_ns_.store(now + std::int64_t{config_.peer_check_ms} * 1000000, std::memory_order_relaxed);
+  if (launcher_ != 0 && ::getppid() != launcher_) {
+    // Orphaned: the launcher (or its daemon) is gone, and with it the job. Ending here is the
+    // only way not to spin forever in progress (mpirun killed by SIGKILL leaves its ranks).
+    FERRY_LOG_AT(error, rank_, -1, "the launcher's process (pid %d) ended: ending this rank (FERRY_LAUNCHER_WATCH=off keeps it)",
+                 static_cast<int>(launcher_));
+    std::_Exit(1);
+  }
   // A process seen ended is confirmed failed at the next check, unless its departure message
   // came meanwhile: a rank that finalized sent it before it could end, and by the next check
   // (an interval and at least 1024 progress calls later) this rank has polled it.

@@ -111,6 +111,7 @@ class RuntimeImpl {
   // interval after the watch saw the process end, long after the message was polled.
   std::unique_ptr<std::atomic<std::uint8_t>[]> departed_;
   std::vector<int> suspects_;  // under watch_mutex_: processes seen ended at the last check
+  pid_t launcher_ = 0;         // FERRY_LAUNCHER_WATCH: the parent at start-up (0: not watched)
   std::unique_ptr<ProgressThreads> progress_threads_;  // FERRY_PROGRESS=thread:N; stopped first in finalize()
   // Barrier steps received, by epoch parity and round. Ranks can be at most one epoch apart
   // (nobody finishes epoch e+1 before everyone finished e), so parity tells epochs apart.
