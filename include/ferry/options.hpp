@@ -290,6 +290,7 @@ struct RuntimeOptions {
   std::size_t fragment_max = 0;
   std::size_t recv_cache = 0;
   int peer_check_ms = 0;
+  std::string peer_timeout_ms{};  // milliseconds as text; "0": off
   std::string launcher_watch{};  // on, off
   std::string lock_model{};
   std::string completion{};
@@ -332,6 +333,7 @@ struct RuntimeSettings {
   std::size_t fragment_max = 0;
   std::size_t recv_cache = 0;
   int peer_check_ms = 0;
+  int peer_timeout_ms = 0;  // 0: no keepalive
   bool launcher_watch = true;
   LockModel lock_model = LockModel::lockless;
   CompletionMechanism completion = CompletionMechanism::cq;

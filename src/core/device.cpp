@@ -230,6 +230,18 @@ bool DeviceImpl::post_barrier_step(int rank, std::uint32_t step) {
   return !send_packet(p, rank, kHeader).is_retry();
 }
 
+bool DeviceImpl::post_heartbeat(int rank, std::uint32_t step) {
+  if (peer_down(rank)) return true;
+  Link& l = link(rank);
+  if (l.inject_size < kHeader) return post_barrier_step(rank, step);
+  unsigned char frame[kHeader];
+  encode(frame, WireHeader{MsgKind::barrier, 0, 0, runtime_.rank(), step, 0});
+  const int rc = l.transport->inject(rank, frame, kHeader);
+  if (rc == -EAGAIN) return false;
+  if (rc != 0) (void)transport_error(l, "inject", rc, rank);
+  return true;
+}
+
 Status DeviceImpl::post_send(const SendArgs& a) {
   check(a);
   if (__builtin_expect(peer_down(a.rank), 0)) return Status::make_failed(a.rank);
@@ -648,7 +660,9 @@ bool DeviceImpl::progress() {
   }
   // One increment and one test per call; the peer check (a clock read) every 1024 calls. After
   // the poll, so what a failed peer sent before it died is taken in before its operations fail.
-  if (__builtin_expect((++progress_calls_ & 1023) == 0, 0) || runtime_.failure_count() != failures_seen_) check_failures();
+  const std::uint32_t calls = progress_calls_.load(std::memory_order_relaxed) + 1;
+  progress_calls_.store(calls, std::memory_order_relaxed);
+  if (__builtin_expect((calls & 1023) == 0, 0) || runtime_.failure_count() != failures_seen_) check_failures();
   run_deferred();
   // Relaxed: a stale zero only leaves the backlog to the next post or progress call.
   if (fragments_.backlog() != 0) fragments_.flush();

@@ -108,8 +108,11 @@ void DeviceContext::plan_fragments() {
 }
 
 DeviceContext::~DeviceContext() {
+  // Endpoints close before the packet pool's registration goes: a send to a failed peer may
+  // still be queued in the backend, and closing the endpoint may touch it.
+  for (Link& l : links_) l.transport->close();
   for (Link& l : links_) l.transport->deregister(l.pool_registration);
-  // transports_ close in their destructors before pool_ frees the slab (declaration order).
+  // transports_ are destroyed before pool_ frees the slab (declaration order).
 }
 
 bool DeviceContext::take_credit() noexcept {

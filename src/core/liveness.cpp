@@ -6,9 +6,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <string>
+#include <utility>
 
 namespace ferry::detail {
 
@@ -85,6 +87,33 @@ bool parse_process_identity(const std::string& text, pid_t& pid, std::string& pi
   pid = static_cast<pid_t>(value);
   pid_namespace = text.substr(colon + 1);
   return true;
+}
+
+void Keepalive::start(int size, std::vector<int> peers, int timeout_ms, int check_ms) {
+  peers_ = std::move(peers);
+  heard_ = std::make_unique<std::atomic<std::uint8_t>[]>(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) heard_[static_cast<std::size_t>(r)].store(0, std::memory_order_relaxed);
+  silence_ns_.assign(peers_.size(), 0);
+  reported_.assign(peers_.size(), false);
+  timeout_ns_ = std::int64_t{timeout_ms} * 1000000;
+  max_step_ns_ = std::int64_t{check_ms} * 2000000;
+}
+
+void Keepalive::check(std::int64_t elapsed_ns, bool progressed, std::vector<int>& silent) {
+  const std::int64_t step = progressed ? std::min(elapsed_ns, max_step_ns_) : 0;
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    std::atomic<std::uint8_t>& h = heard_[static_cast<std::size_t>(peers_[i])];
+    if (h.load(std::memory_order_relaxed) != 0) {
+      h.store(0, std::memory_order_relaxed);
+      silence_ns_[i] = 0;
+      continue;
+    }
+    silence_ns_[i] += step;
+    if (silence_ns_[i] >= timeout_ns_ && !reported_[i]) {
+      reported_[i] = true;
+      silent.push_back(peers_[i]);
+    }
+  }
 }
 
 }  // namespace ferry::detail

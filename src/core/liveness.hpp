@@ -1,11 +1,13 @@
-// liveness.hpp — watches the processes of the peers on this host and names the ones that died.
+// liveness.hpp — names the peers that died: PeerWatch watches the processes of the peers on
+// this host; Keepalive names a peer on another host that has gone silent.
 //
 // Ranks on one host (same host identity and the same PID namespace, as exchanged at start-up)
 // know each other's process ids. For each such peer the watcher holds a pidfd, which becomes
 // readable when the process ends (however it ends, before it is even reaped), so a check is
 // one poll() over all of them with a zero timeout; where the kernel has no pidfd_open it falls
 // back to kill(pid, 0). A peer on another host is not watched here: its transport's
-// connection errors report it (see DeviceContext::transport_error).
+// connection errors report it (see DeviceContext::transport_error), and Keepalive below
+// reports one that falls silent without an error (its host down, the link cut).
 //
 // Concurrency: check() by one thread at a time (the runtime calls it under a try-lock, at
 // most once per FERRY_PEER_CHECK_MS).
@@ -13,8 +15,10 @@
 
 #include <sys/types.h>
 
+#include <atomic>
+#include <cstdint>
+#include <memory>
 #include <string>
-
 #include <vector>
 
 namespace ferry::detail {
@@ -41,6 +45,44 @@ class PeerWatch {
     bool reported = false;
   };
   std::vector<Peer> peers_;
+};
+
+// Silence detection for the peers on other hosts (FERRY_PEER_TIMEOUT_MS). Every process sends
+// each such peer a heartbeat every timeout/4 from a thread of its own (so a rank busy computing
+// still sends them); heard() records one. The same thread calls check() every check interval:
+// a peer not heard from for `timeout` of the time this rank was progressing is named. A tick in
+// which this rank did not progress at all (so could not poll the heartbeats waiting for it)
+// does not count, and one tick counts at most twice the interval.
+//
+// Concurrency: heard() by any thread (a relaxed flag: the checker only needs to see it by its
+// next check, and a heartbeat carries no data to order; a heartbeat whose flag check() clears
+// just as it is set only counts one interval later); start() before, check() only by the
+// keepalive thread.
+class Keepalive {
+ public:
+  Keepalive() = default;
+  // Watches `peers` (ranks of a job of `size`), naming one after `timeout_ms` of silence;
+  // checks come every `check_ms`.
+  void start(int size, std::vector<int> peers, int timeout_ms, int check_ms);
+  void heard(int rank) noexcept {
+    if (heard_ == nullptr) return;
+    std::atomic<std::uint8_t>& h = heard_[static_cast<std::size_t>(rank)];
+    if (h.load(std::memory_order_relaxed) == 0) h.store(1, std::memory_order_relaxed);  // no line bouncing when set
+  }
+  // `elapsed_ns` since the last check, `progressed`: whether this rank polled meanwhile.
+  // Appends to `silent` each watched peer silent for the timeout; each is named once.
+  void check(std::int64_t elapsed_ns, bool progressed, std::vector<int>& silent);
+  const std::vector<int>& peers() const noexcept { return peers_; }
+  bool empty() const noexcept { return peers_.empty(); }
+  int timeout_ms() const noexcept { return static_cast<int>(timeout_ns_ / 1000000); }
+
+ private:
+  std::vector<int> peers_;
+  std::unique_ptr<std::atomic<std::uint8_t>[]> heard_;  // by rank
+  std::vector<std::int64_t> silence_ns_;                 // by index in peers_
+  std::vector<bool> reported_;                           // by index in peers_
+  std::int64_t timeout_ns_ = 0;
+  std::int64_t max_step_ns_ = 0;
 };
 
 // This process's identity for the watch: "<pid>:<pid namespace>", the namespace from

@@ -254,9 +254,15 @@ const RuntimeOptionTable& runtime_option_table() {
                  &O::recv_cache, &S::recv_cache),
           option({"peer_check_ms", "FERRY_PEER_CHECK_MS", T::count, "200", {}, 1, 60000, nullptr,
                   "how often, in milliseconds, progress checks that the processes of peers on this host are "
-                  "alive: a peer whose process ended without finalizing is reported within two such intervals "
-                  "(peers on other hosts: at their transport's first connection error)"},
+                  "alive (a peer whose process ended without finalizing is reported within two such intervals), "
+                  "and the keepalive checks the peers on other hosts (FERRY_PEER_TIMEOUT_MS)"},
                  &O::peer_check_ms, &S::peer_check_ms),
+          option({"peer_timeout_ms", "FERRY_PEER_TIMEOUT_MS", T::count, "4000", {}, 0, 86400000, nullptr,
+                  "a peer on another host not heard from for this many milliseconds while this rank progresses "
+                  "is failed (its host or process down, the link cut); each process sends each such peer a "
+                  "heartbeat every quarter of it from a thread of its own; 0: off (such a peer then fails only "
+                  "by its transport's errors); at least 4 x FERRY_PEER_CHECK_MS; the same on every rank"},
+                 &O::peer_timeout_ms, &S::peer_timeout_ms),
           option({"launcher_watch", "FERRY_LAUNCHER_WATCH", T::boolean, "1", {}, 0, 0, nullptr,
                   "under a launcher (PMI-1, PMIx), end this rank when its parent process (the launcher or its "
                   "daemon) ends, as progress sees it every FERRY_PEER_CHECK_MS: no rank outlives a killed mpirun"},

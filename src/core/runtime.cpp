@@ -1,8 +1,9 @@
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
-#include <exception>
 #include <cstdlib>
+#include <exception>
 
 #include "common/log.hpp"
 #include "common/queue_support.hpp"
@@ -25,9 +26,10 @@ std::string hostname() {
 }
 
 // The options that shape what goes on the wire or which endpoints exist: ranks that disagree
-// on one would truncate, misread or never reach each other's messages.
+// on one would truncate, misread or never reach each other's messages (or, for the peer
+// timeout, send heartbeats more rarely than a peer's timeout allows).
 constexpr const char* kJobWideOptions[] = {"transport", "provider", "devices", "packet_size", "fragment", "fragment_max",
-                                          "max_targets"};
+                                          "max_targets", "peer_timeout_ms"};
 
 std::string job_wide_settings(const Resolved<RuntimeSettings>& options) {
   std::string text;
@@ -143,6 +145,11 @@ net::ShmCopy shm_copy(ShmCopyMode m) {
 
 RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_options(options)) {
   set_log_level(config_.log);
+  if (config_.peer_timeout_ms != 0 && config_.peer_timeout_ms < 4 * config_.peer_check_ms) {
+    throw Error("FERRY_PEER_TIMEOUT_MS=" + std::to_string(config_.peer_timeout_ms) + " is below 4 x FERRY_PEER_CHECK_MS=" +
+                std::to_string(config_.peer_check_ms) + ": a peer would be failed before enough checks saw its "
+                "heartbeats (raise FERRY_PEER_TIMEOUT_MS, lower FERRY_PEER_CHECK_MS, or set FERRY_PEER_TIMEOUT_MS=0)");
+  }
   recv_blocks::set_limit(config_.recv_cache);
   boot_ = bootstrap::make_bootstrap(options_.value("bootstrap"));  // the row's text: auto, single, pmi1, pmix
   rank_ = boot_->rank();
@@ -205,12 +212,24 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   for (auto& dev : devices_) {
     for (std::size_t t = 0; t < dev->transport_count(); ++t) dev->transport(t).connected();
   }
+  if (config_.peer_timeout_ms != 0) {
+    std::vector<int> away;
+    for (int r = 0; r < size_; ++r)
+      if (!plan.on_host[static_cast<std::size_t>(r)]) away.push_back(r);
+    if (!away.empty()) {
+      keepalive_.start(size_, std::move(away), config_.peer_timeout_ms, config_.peer_check_ms);
+      keepalive_thread_ = std::thread([this] { keep_alive(); });
+    }
+  }
   progress_threads_ = start_progress_threads(config_, handles_);
 }
 
 void RuntimeImpl::barrier_arrived(int src, std::uint32_t step) noexcept {
+  if (src < 0 || src >= size_) return;
+  keepalive_.heard(src);
+  if (step == kAliveStep) return;
   if (step == kDepartStep) {
-    if (src >= 0 && src < size_) departed_[static_cast<std::size_t>(src)].store(1, std::memory_order_relaxed);
+    departed_[static_cast<std::size_t>(src)].store(1, std::memory_order_relaxed);
     return;
   }
   barrier_steps_[(step >> 8) & 1][step & 31].fetch_add(1, std::memory_order_relaxed);
@@ -269,6 +288,7 @@ void RuntimeImpl::finalize() {
   } catch (const std::exception& e) {
     FERRY_LOG_AT(error, rank_, -1, "finalize: %s", e.what());
   }
+  stop_keepalive();
   depart();
   finalized_.store(true);
   for (auto& d : devices_) d->mark_finalized();
@@ -312,6 +332,68 @@ void RuntimeImpl::depart() noexcept {
   } catch (const std::exception& e) {
     FERRY_LOG_AT(warn, rank_, -1, "finalize: could not tell every peer this rank is leaving: %s", e.what());
   }
+}
+
+// Every check interval: a heartbeat to each peer on another host that has neither failed nor
+// departed, when a quarter of the timeout has passed since the last; then the silence check.
+// From a thread of its own, not from progress: a rank that computes for a while without
+// calling progress is still heard, and a flood that makes progress calls slow does not slow
+// the check. A full provider queue gets a few tries 1 ms apart (progress by the application
+// frees it); a heartbeat missed is made up at the next beat.
+void RuntimeImpl::keep_alive() noexcept {
+  using Clock = std::chrono::steady_clock;
+  const auto tick = std::chrono::milliseconds(config_.peer_check_ms);
+  const auto beat_every = std::chrono::milliseconds(std::max(1, keepalive_.timeout_ms() / 4));
+  DeviceImpl& dev = *devices_[0];  // heartbeats and barrier steps travel on device 0
+  std::uint32_t seen_calls = dev.progress_calls();
+  Clock::time_point last_check = Clock::now(), last_beat{};
+  std::vector<int> silent;
+  bool warned = false;
+  std::unique_lock<std::mutex> lock(keepalive_mutex_);
+  while (!keepalive_wake_.wait_for(lock, tick, [this] { return keepalive_stop_; })) {
+    lock.unlock();
+    const Clock::time_point now = Clock::now();
+    if (now - last_beat >= beat_every) {
+      last_beat = now;
+      for (int r : keepalive_.peers()) {
+        if (failed(r) || departed_[static_cast<std::size_t>(r)].load(std::memory_order_relaxed) != 0) continue;
+        try {
+          for (int i = 0; i < 20 && !dev.post_heartbeat(r, kAliveStep); ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+        } catch (const std::exception& e) {
+          if (!warned) FERRY_LOG_AT(warn, rank_, -1, "a heartbeat to rank %d failed: %s", r, e.what());
+          warned = true;
+        }
+      }
+    }
+    const std::uint32_t calls = dev.progress_calls();
+    const std::int64_t elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_check).count();
+    last_check = now;
+    silent.clear();
+    try {
+      keepalive_.check(elapsed, calls != seen_calls, silent);
+      for (int r : silent) {
+        peer_failed(r, "nothing heard from it for " + std::to_string(keepalive_.timeout_ms()) +
+                           " ms (FERRY_PEER_TIMEOUT_MS): its host, its process or the link to it is down");
+      }
+    } catch (...) {
+      // out of memory; a peer named in `silent` but not failed is lost for this check only if
+      // building the message threw, which leaves its failure to its transport or the watch
+    }
+    seen_calls = calls;
+    lock.lock();
+  }
+}
+
+void RuntimeImpl::stop_keepalive() noexcept {
+  if (!keepalive_thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> guard(keepalive_mutex_);
+    keepalive_stop_ = true;
+  }
+  keepalive_wake_.notify_all();
+  keepalive_thread_.join();
 }
 
 std::vector<int> RuntimeImpl::failed_ranks() const {
@@ -379,6 +461,7 @@ RuntimeImpl::~RuntimeImpl() {
     finalize();
   } catch (...) {
   }
+  stop_keepalive();  // finalize threw before it stopped it
   handles_.clear();
   lock_models_.clear();  // an offload thread must be gone before its device's endpoint
   devices_.clear();

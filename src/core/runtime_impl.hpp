@@ -8,10 +8,12 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -52,6 +54,9 @@ class RuntimeImpl {
   // The barrier-kind message a finalizing rank sends every peer before its process may end:
   // its end is a departure, not a failure (see check_peers). Barrier steps use tags below 512.
   static constexpr std::uint32_t kDepartStep = 0x10000;
+  // The heartbeat to a peer on another host (see Keepalive); every barrier-kind message from a
+  // peer counts as hearing from it.
+  static constexpr std::uint32_t kAliveStep = 0x10001;
 
   // Peer failure (see Runtime::failed_ranks). peer_failed() records that `rank` failed, once,
   // and tells every device (each acts on it in its next progress, under its poll lock).
@@ -69,7 +74,8 @@ class RuntimeImpl {
   std::vector<int> failed_ranks() const;
   // At most once per FERRY_PEER_CHECK_MS (by whichever progress call comes first): checks the
   // watched peers' processes; one seen ended is failed at the next check unless it departed
-  // (kDepartStep). Cheap when it is not yet time: one clock read.
+  // (kDepartStep). Cheap when it is not yet time: one clock read. Peers on other hosts are
+  // the keepalive thread's (keep_alive).
   void check_peers() noexcept;
   // Throws PeerFailed naming the first failed rank, if any; `call` names the caller.
   void throw_if_failed(const char* call) const;
@@ -82,6 +88,9 @@ class RuntimeImpl {
  private:
   // Finalize: sends kDepartStep to every peer (see check_peers).
   void depart() noexcept;
+  // The keepalive thread's body (heartbeats out, silence checks), and its end (idempotent).
+  void keep_alive() noexcept;
+  void stop_keepalive() noexcept;
   // Teardown: progresses `device` (through its lock model) until its own operations are
   // complete or `seconds` pass. Returns the number still in flight.
   std::size_t drain(DeviceImpl& device, double seconds);
@@ -111,6 +120,11 @@ class RuntimeImpl {
   // interval after the watch saw the process end, long after the message was polled.
   std::unique_ptr<std::atomic<std::uint8_t>[]> departed_;
   std::vector<int> suspects_;  // under watch_mutex_: processes seen ended at the last check
+  Keepalive keepalive_;  // started before the keepalive thread, checked only by it
+  std::thread keepalive_thread_;
+  std::mutex keepalive_mutex_;
+  std::condition_variable keepalive_wake_;
+  bool keepalive_stop_ = false;  // under keepalive_mutex_
   pid_t launcher_ = 0;         // FERRY_LAUNCHER_WATCH: the parent at start-up (0: not watched)
   std::unique_ptr<ProgressThreads> progress_threads_;  // FERRY_PROGRESS=thread:N; stopped first in finalize()
   // Barrier steps received, by epoch parity and round. Ranks can be at most one epoch apart

@@ -141,6 +141,10 @@ class Transport {
   virtual void deregister(Registration* r) noexcept { delete r; }
   // Teardown: gives up every posted receive (their events need not be delivered).
   virtual void cancel_all() noexcept = 0;
+  // Teardown, after cancel_all: closes the endpoint, so no operation still queued in the
+  // backend (a send to a failed peer) touches a registration or a buffer afterwards. Only
+  // deregister and the destructor may follow.
+  virtual void close() noexcept {}
   // `rank` failed (called by the poll lock holder). A backend whose operations to a failed
   // peer may never complete by themselves (libfabric's shm provider serves a read through the
   // peer's own process) reports each of them, once the backend's own completions had a grace

@@ -7,14 +7,7 @@
 set -u
 . "$(dirname "$0")/../mp/rank_cleanup.sh"
 ferryrun=$1 prog=$2 ranks=$3
-tmp=$(mktemp -d)
-pids=""
-cleanup() {
-  for p in $pids; do kill -9 "$p" 2>/dev/null; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; cat "$tmp/out"; exit 1; }
+job_scratch
 
 "$ferryrun" -n "$ranks" --keep-going --timeout 90 -- "$prog" >"$tmp/out" 2>&1
 rc=$?

@@ -6,7 +6,9 @@
 #   netns_hosts.sh FERRYRUN PROGRAM [ARGS...]
 # Exits 77 (ctest's skip) when namespaces cannot be made here (no ip, no CAP_NET_ADMIN); the
 # hybrid tests through split_hosts.sh (FERRY_HOST) cover that case. Removes its namespaces on
-# every exit path.
+# every exit path. FERRY_NETNS_NAME: the namespaces' name prefix (default ferrytest<pid>).
+# FERRY_NETNS_CUT_DIR=<dir>: once every rank has created <dir>/flooding.<rank>, takes the
+# link down (the first host's end) and creates <dir>/cut (see link_cut.cpp).
 set -u
 if [ "${1:-}" = "--rank" ]; then
   # Inside ferryrun: enter this rank's namespace with a hostname of its own.
@@ -18,11 +20,13 @@ fi
 
 ferryrun=${1:?usage: netns_hosts.sh FERRYRUN PROGRAM [ARGS...]}
 shift
-prefix="ferrytest$$"
+prefix=${FERRY_NETNS_NAME:-ferrytest$$}
 veth="fy$$"  # interface names hold at most 15 characters
 export FERRY_NETNS_PREFIX=$prefix
 
+cutter=""
 cleanup() {
+  [ -n "$cutter" ] && kill "$cutter" 2>/dev/null && wait "$cutter" 2>/dev/null
   ip netns del "$prefix-0" 2>/dev/null
   ip netns del "$prefix-1" 2>/dev/null
 }
@@ -52,6 +56,18 @@ link() {
 if ! link; then
   echo "netns_hosts.sh: cannot link the namespaces with a veth pair here: skipped"
   exit 77
+fi
+if [ -n "${FERRY_NETNS_CUT_DIR:-}" ]; then
+  (
+    for _ in $(seq 1200); do  # a minute at most; the ranks fail on their own deadline after it
+      [ "$(ls "$FERRY_NETNS_CUT_DIR" | grep -c '^flooding\.')" -ge 4 ] && break
+      sleep 0.05
+    done
+    ip -n "$prefix-0" link set ferry0 down
+    touch "$FERRY_NETNS_CUT_DIR/cut"
+    echo "netns_hosts.sh: the link between the hosts is down"
+  ) &
+  cutter=$!
 fi
 FI_TCP_IFACE=ferry0 FI_SOCKETS_IFACE=ferry0 "$ferryrun" -n 4 --timeout "${FERRY_NETNS_TIMEOUT:-240}" -- \
   bash "$0" --rank "$@"

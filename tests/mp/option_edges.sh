@@ -39,6 +39,11 @@ refused "FERRY_PACKETS=100" "FERRY_PREPOST=256" "FERRY_PACKETS=100"
 refused "FERRY_PACKETS=64 FERRY_PREPOST=64" "FERRY_PACKETS=64" "FERRY_PREPOST=64"
 # A provider libfabric does not have is named in the error.
 refused "FERRY_TRANSPORT=ofi FERRY_PROVIDER=bogus" "bogus"
+# A keepalive timeout too short for the check interval to see its heartbeats.
+refused "FERRY_PEER_TIMEOUT_MS=500" "FERRY_PEER_TIMEOUT_MS=500" "FERRY_PEER_CHECK_MS=200"
+refused "FERRY_PEER_TIMEOUT_MS=4000 FERRY_PEER_CHECK_MS=1001" "FERRY_PEER_TIMEOUT_MS=4000" "FERRY_PEER_CHECK_MS=1001"
+works "FERRY_PEER_TIMEOUT_MS=800" "$hello"
+works "FERRY_PEER_TIMEOUT_MS=0" "$hello"
 works "FERRY_PACKETS=257" "$hello"
 works "FERRY_PACKETS=2 FERRY_PREPOST=1" "$hello"
 # Packets smaller than the transport's inject size: fragments are cut to fit a packet, and
@@ -50,7 +55,7 @@ works "FERRY_PACKET_SIZE=64" "$mptests" "$data"
 
 # Ranks that disagree on a setting that shapes the wire are stopped at start-up, by name,
 # before one truncates the other's messages: rank 1 alone gets the setting.
-for setting in FERRY_PACKET_SIZE=1024 FERRY_FRAGMENT=off FERRY_FRAGMENT_MAX=8192 FERRY_DEVICES=2; do
+for setting in FERRY_PACKET_SIZE=1024 FERRY_FRAGMENT=off FERRY_FRAGMENT_MAX=8192 FERRY_DEVICES=2 FERRY_PEER_TIMEOUT_MS=8000; do
   program=(bash -c 'if [ "$PMI_RANK" = 1 ]; then export '"$setting"'; fi; exec "$0"' "$hello")
   refused "FERRY_LOG=warn" "ranks disagree on ${setting%%=*}" "'${setting#*=}'"
 done

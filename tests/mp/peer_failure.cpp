@@ -29,71 +29,15 @@
 
 #include "ferry/ferry.hpp"
 
+#include "failure_common.hpp"
+
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using namespace failure_test;
 
-int g_rank = -1;
-
-[[noreturn]] void fail(const std::string& what) {
-  std::fprintf(stderr, "rank %d: FAIL: %s\n", g_rank, what.c_str());
-  std::fflush(stderr);
-  std::_Exit(1);
-}
-
-unsigned char pattern(int src, std::size_t size, std::size_t i) {
-  return static_cast<unsigned char>((static_cast<std::size_t>(src) * 31u + size * 7u + i * 13u + (i >> 12)) & 0xFF);
-}
-void fill(std::vector<unsigned char>& v, int src) {
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = pattern(src, v.size(), i);
-}
-bool intact(const void* data, std::size_t n, int src) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i)
-    if (p[i] != pattern(src, n, i)) return false;
-  return true;
-}
-
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-constexpr std::uint16_t kInbox = 1;  // before the failure, and the flood
+constexpr std::uint16_t kInbox = 1;      // before the failure, and the flood
 constexpr std::uint16_t kSurvivors = 2;  // survivors among themselves, after it
 constexpr ferry::Tag kBefore = 1, kAfter = 2, kDone = 3, kFlood = 4, kNeverSent = 7, kNeverReceived = 8;
-const std::size_t kSizes[] = {8, 3000, 100000};  // eager, fragmented (or rendezvous), rendezvous
-constexpr int kPerSize = 40;                      // messages per size, per peer, per phase
-constexpr double kDeadline = 30.0;                // seconds any wait may take before it is a failure
-
-// Sends kPerSize messages of every size in kSizes to `to` with `tag`; waits for their local
-// completions (a rendezvous send's buffer is in use until then).
-void send_checked_batch(ferry::Device& dev, const std::vector<std::vector<unsigned char>>& bufs, int to,
-                        ferry::Tag tag, std::uint16_t target) {
-  ferry::CompletionQueue local;
-  int posted = 0;
-  for (int i = 0; i < kPerSize; ++i) {
-    for (const auto& b : bufs) {
-      for (;;) {
-        const ferry::Status s =
-            dev.post_am({.rank = to, .buffer = b.data(), .size = b.size(), .target = {target}, .tag = tag, .local = &local});
-        if (s.is_retry()) {
-          dev.progress();
-          continue;
-        }
-        if (s.is_failed()) fail("post_am to survivor " + std::to_string(to) + " returned failed");
-        if (s.is_posted()) ++posted;
-        break;
-      }
-    }
-  }
-  const auto start = Clock::now();
-  while (posted > 0) {
-    dev.progress();
-    if (auto c = local.pop()) {
-      if (!c->ok()) fail("an active message to rank " + std::to_string(to) + " failed: " + c->error_string());
-      --posted;
-    }
-    if (seconds_since(start) > kDeadline) fail("local completions to rank " + std::to_string(to) + " never came");
-  }
-}
 
 }  // namespace
 
@@ -126,30 +70,11 @@ int main(int argc, char** argv) {
     std::memcpy(&victim_key, k.data(), sizeof victim_key);
   }
 
-  std::vector<std::vector<unsigned char>> bufs;
-  for (std::size_t size : kSizes) {
-    bufs.emplace_back(size);
-    fill(bufs.back(), me);
-  }
+  const std::vector<std::vector<unsigned char>> bufs = sized_buffers(me);
   rt.barrier();
 
   // ---- before the failure: everyone with everyone, byte-exact -------------------------------
-  {
-    const int expected = (n - 1) * kPerSize * static_cast<int>(std::size(kSizes));
-    int got = 0;
-    for (int to = 0; to < n; ++to)
-      if (to != me) send_checked_batch(dev, bufs, to, kBefore, kInbox);
-    const auto start = Clock::now();
-    while (got < expected) {
-      dev.progress();
-      if (auto c = inbox.pop()) {
-        if (c->tag != kBefore || !c->ok()) fail("unexpected message before the failure: " + c->error_string());
-        if (!intact(c->buffer.data(), c->buffer.size(), c->rank)) fail("corrupt message from rank " + std::to_string(c->rank));
-        ++got;
-      }
-      if (seconds_since(start) > kDeadline) fail("messages before the failure: " + std::to_string(got) + " of " + std::to_string(expected));
-    }
-  }
+  exchange_with_all(dev, inbox, me, n, bufs, kBefore, kInbox);
 
   // ---- survivors: operations of every kind pending to and from the victim --------------------
   // The receive and the rendezvous send are posted before the barrier the victim passes
@@ -310,43 +235,10 @@ int main(int argc, char** argv) {
   }
 
   // ---- the survivors among themselves ---------------------------------------------------------
-  int others = 0;
-  for (int to = 0; to < n - 1; ++to) {
-    if (to == me) continue;
-    ++others;
-    send_checked_batch(dev, bufs, to, kAfter, kSurvivors);
-    for (;;) {
-      const ferry::Status s = dev.post_am({.rank = to, .buffer = nullptr, .size = 0, .target = {kSurvivors}, .tag = kDone});
-      if (s.is_retry()) {
-        dev.progress();
-        continue;
-      }
-      if (!s.is_done()) fail(std::string("the done message: ") + ferry::to_string(s.kind));
-      break;
-    }
-  }
-  {
-    const int expected = others * kPerSize * static_cast<int>(std::size(kSizes));
-    int got = 0, done = 0;
-    const auto t0 = Clock::now();
-    while (got < expected || done < others) {
-      dev.progress();
-      while (auto late = inbox.pop()) {  // late flood messages from the victim
-        if (late->rank != victim) fail("a flood message from rank " + std::to_string(late->rank));
-      }
-      if (auto c = survivors.pop()) {
-        if (!c->ok()) fail("a message among survivors failed: " + c->error_string());
-        if (c->tag == kDone) {
-          ++done;
-          continue;
-        }
-        if (c->tag != kAfter || !intact(c->buffer.data(), c->buffer.size(), c->rank))
-          fail("corrupt or unexpected message from survivor " + std::to_string(c->rank));
-        ++got;
-      }
-      if (seconds_since(t0) > kDeadline) fail("survivor traffic: " + std::to_string(got) + " of " + std::to_string(expected));
-    }
-  }
+  std::vector<int> others;
+  for (int to = 0; to < n - 1; ++to)
+    if (to != me) others.push_back(to);
+  exchange_after_failure(dev, inbox, survivors, kSurvivors, others, bufs, kAfter, kDone, [&](int r) { return r == victim; });
 
   try {
     rt.finalize();
@@ -355,7 +247,7 @@ int main(int argc, char** argv) {
     if (e.rank() != victim) fail(std::string("finalize named the wrong rank: ") + e.what());
   }
   std::printf("rank %d: peer failure OK: victim %d reported %.1f ms after its death; %ld posted, %ld failed with it, "
-              "%ld posts refused; %ld messages from it (%ld failed); %d survivors exchanged intact messages\n",
-              me, victim, detect_ms, posted.load(), failed_ops, failed_posts.load(), from_victim, from_victim_failed, others);
+              "%ld posts refused; %ld messages from it (%ld failed); %zu survivors exchanged intact messages\n",
+              me, victim, detect_ms, posted.load(), failed_ops, failed_posts.load(), from_victim, from_victim_failed, others.size());
   return 0;
 }

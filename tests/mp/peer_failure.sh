@@ -6,14 +6,7 @@
 set -u
 . "$(dirname "$0")/rank_cleanup.sh"
 ferryrun=$1 prog=$2 ranks=$3 threads=$4
-tmp=$(mktemp -d)
-pids=""
-cleanup() {
-  for p in $pids; do kill -9 "$p" 2>/dev/null; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; cat "$tmp/out"; exit 1; }
+job_scratch
 
 start=$SECONDS
 FERRY_TEST_STAMP="$tmp/stamp" "$ferryrun" -n "$ranks" --keep-going --timeout 90 -- "$prog" "$threads" >"$tmp/out" 2>&1

@@ -1,5 +1,15 @@
 # rank_cleanup.sh — sourced by the multi-process test scripts that kill ranks.
 #
+# job_scratch: makes $tmp (a scratch directory, its job output in $tmp/out) and $pids (rank
+# pids, SIGKILLed on exit if still set), both cleaned up on every exit path; and fail MESSAGE,
+# which prints the message and the job's output and exits 1.
+job_scratch() {
+  tmp=$(mktemp -d)
+  pids=""
+  trap 'for p in $pids; do kill -9 "$p" 2>/dev/null; done; rm -rf "$tmp"' EXIT
+}
+fail() { echo "FAIL: $*"; cat "$tmp/out"; exit 1; }
+#
 # ranks_gone_and_clean PIDS: fails (via the caller's `fail`) when a rank pid is still running
 # or left a ferry segment in /dev/shm. libfabric's shm provider keeps its region
 # ("<pid>:<n>:<n>") until its endpoint closes, which a SIGKILLed process never does: a known

@@ -174,7 +174,22 @@ Endpoint::Endpoint(Fabric& fabric, std::size_t cq_size) : fabric_(fabric) {
   }
 }
 
-Endpoint::~Endpoint() {
+void Endpoint::abandon() noexcept {
+  // Reachable from a static for the process's lifetime, never freed: the provider may hold
+  // pointers into these objects until exit.
+  static auto* kept = new std::vector<fid*>();
+  try {
+    for (fid* f : {ep_ != nullptr ? &ep_->fid : nullptr, av_ != nullptr ? &av_->fid : nullptr,
+                   cq_ != nullptr ? &cq_->fid : nullptr})
+      if (f != nullptr) kept->push_back(f);
+  } catch (...) {
+  }
+  ep_ = nullptr;
+  av_ = nullptr;
+  cq_ = nullptr;
+}
+
+void Endpoint::close() noexcept {
   if (ep_ != nullptr) fi_close(&ep_->fid);
   if (av_ != nullptr) fi_close(&av_->fid);
   if (cq_ != nullptr) fi_close(&cq_->fid);

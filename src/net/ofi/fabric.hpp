@@ -69,7 +69,14 @@ class Fabric {
 class Endpoint {
  public:
   Endpoint(Fabric& fabric, std::size_t cq_size);
-  ~Endpoint();
+  ~Endpoint() { close(); }
+  // Closes the endpoint, its address vector and its completion queue; idempotent.
+  void close() noexcept;
+  // Leaves the endpoint, its address vector and its completion queue open for the rest of the
+  // process, held where a leak checker sees them: after a peer became unreachable, libfabric
+  // 1.17's rxm can crash closing its connection (a flushed transfer without a context reaches
+  // rxm_handle_comp_error). With manual progress no provider code runs on them again.
+  void abandon() noexcept;
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
 

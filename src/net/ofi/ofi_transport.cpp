@@ -190,6 +190,7 @@ class OfiTransport final : public Transport {
   }
 
   void peer_failed(int rank) override {
+    saw_failure_ = saw_failure_ || caps_.name.find("ofi_rxm") != std::string::npos;
     failing_.push_back(Failing{rank, std::chrono::steady_clock::now() + kAbandonGrace});
   }
 
@@ -263,6 +264,9 @@ class OfiTransport final : public Transport {
   }
 
   void cancel_all() noexcept override { fi_cancel(&endpoint_.ep()->fid, nullptr); }
+  void close() noexcept override {
+    if (saw_failure_) endpoint_.abandon(); else endpoint_.close();
+  }
 
  private:
   int rank_of(fi_addr_t a) const noexcept {
@@ -336,6 +340,9 @@ class OfiTransport final : public Transport {
     std::chrono::steady_clock::time_point deadline;
   };
   std::vector<Failing> failing_;
+  // A peer failed over rxm: close() leaves the endpoint open (Endpoint::abandon). Other
+  // providers close normally (libfabric's shm removes its region only then).
+  bool saw_failure_ = false;
   std::vector<std::pair<detail::OpContext*, int>> abandoning_;
   std::unordered_set<detail::OpContext*> abandoned_;
 };

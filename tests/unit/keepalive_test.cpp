@@ -1,0 +1,78 @@
+// Keepalive: the silence accounting that fails a peer on another host (FERRY_PEER_TIMEOUT_MS).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "core/liveness.hpp"
+
+namespace {
+
+using ferry::detail::Keepalive;
+
+constexpr std::int64_t kMs = 1000000;
+
+// 4 ranks; this one watches 2 and 3 with a 1000 ms timeout, checked every 100 ms.
+Keepalive watching_two_and_three() {
+  Keepalive k;
+  k.start(4, {2, 3}, 1000, 100);
+  return k;
+}
+
+TEST(Keepalive, APeerSilentForTheTimeoutIsNamedOnce) {
+  Keepalive k = watching_two_and_three();
+  std::vector<int> silent;
+  for (int i = 0; i < 9; ++i) k.check(100 * kMs, true, silent);
+  EXPECT_TRUE(silent.empty()) << "named after 900 ms of a 1000 ms timeout";
+  k.check(100 * kMs, true, silent);
+  EXPECT_EQ(silent, (std::vector<int>{2, 3}));
+  silent.clear();
+  for (int i = 0; i < 20; ++i) k.check(100 * kMs, true, silent);
+  EXPECT_TRUE(silent.empty()) << "a peer is named only once";
+}
+
+TEST(Keepalive, AHeartbeatRestartsTheSilence) {
+  Keepalive k = watching_two_and_three();
+  std::vector<int> silent;
+  for (int i = 0; i < 30; ++i) {
+    k.heard(3);  // rank 3 beats every check, rank 2 never
+    k.check(100 * kMs, true, silent);
+  }
+  EXPECT_EQ(silent, (std::vector<int>{2}));
+}
+
+TEST(Keepalive, TimeWithoutProgressDoesNotCount) {
+  // A rank that did not poll cannot have seen its peers' heartbeats: that time blames nobody.
+  Keepalive k = watching_two_and_three();
+  std::vector<int> silent;
+  for (int i = 0; i < 100; ++i) k.check(100 * kMs, false, silent);
+  EXPECT_TRUE(silent.empty());
+  for (int i = 0; i < 9; ++i) k.check(100 * kMs, true, silent);
+  EXPECT_TRUE(silent.empty());
+  k.check(100 * kMs, true, silent);
+  EXPECT_EQ(silent.size(), 2u);
+}
+
+TEST(Keepalive, OneLongGapCountsAtMostTwoIntervals) {
+  // A checker that slept 10 s (a stopped process, an overloaded machine) counts 200 ms of it.
+  Keepalive k = watching_two_and_three();
+  std::vector<int> silent;
+  k.check(10000 * kMs, true, silent);
+  EXPECT_TRUE(silent.empty());
+  for (int i = 0; i < 7; ++i) k.check(100 * kMs, true, silent);
+  EXPECT_TRUE(silent.empty());
+  k.check(100 * kMs, true, silent);
+  EXPECT_EQ(silent.size(), 2u);
+}
+
+TEST(Keepalive, WithNoPeersNothingIsWatched) {
+  Keepalive k;
+  EXPECT_TRUE(k.empty());
+  k.heard(1);  // not started: ignored
+  k.start(2, {}, 1000, 100);
+  std::vector<int> silent;
+  k.check(5000 * kMs, true, silent);
+  EXPECT_TRUE(silent.empty());
+}
+
+}  // namespace
