@@ -140,6 +140,11 @@ class Pmi1 final : public Bootstrap {
       // get() never has to probe for the end.
       const std::size_t chunk = room & ~std::size_t{1};
       const std::size_t parts = (hex.size() + chunk - 1) / chunk;
+      if (parts > static_cast<std::size_t>(kMaxParts)) {
+        fail("put: key '" + std::string(key) + "': a value of " + std::to_string(value.size()) + " bytes needs " +
+             std::to_string(parts) + " parts of this launcher's vallen_max=" + std::to_string(vallen_max_) +
+             "; at most " + std::to_string(kMaxParts) + " are read back");
+      }
       check_key_length("put", key, base + "-p" + std::to_string(parts - 1));
       for (std::size_t i = 0; i < parts; ++i) {
         put_raw(base + "-p" + std::to_string(i), hex.substr(i * chunk, chunk));
@@ -170,8 +175,11 @@ class Pmi1 final : public Bootstrap {
     if (!head.empty() && head[0] == 'v') {
       hex = head.substr(1);
     } else if (!head.empty() && head[0] == 'p') {
+      // Bounded before use: a launcher's bytes must not make this rank ask for parts forever.
       const auto parts = parse_integer(std::string_view(head).substr(1));
-      if (!parts || *parts < 1) fail(where + ": malformed part count '" + head + "'");
+      if (!parts || *parts < 1 || *parts > kMaxParts) {
+        fail(where + ": malformed part count '" + head.substr(0, 32) + "' (expected 1 to " + std::to_string(kMaxParts) + ")");
+      }
       for (long long i = 0; i < *parts; ++i) hex += get_raw(where, base + "-p" + std::to_string(i));
     } else {
       fail(where + ": value '" + head.substr(0, 32) + "' was not written by ferry");
@@ -194,6 +202,9 @@ class Pmi1 final : public Bootstrap {
   }
 
  private:
+  // The most parts one value may span (a value of kMaxParts x vallen_max hex characters).
+  static constexpr long long kMaxParts = 65536;
+
   std::size_t positive_field(const PmiReply& reply, std::string_view name) {
     const auto raw = reply.get(name);
     const auto v = raw ? parse_integer(*raw) : std::nullopt;

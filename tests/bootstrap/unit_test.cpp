@@ -371,6 +371,32 @@ TEST(Pmi1Fake, SplitsValuesAcrossParts) {
   EXPECT_EQ(fake.store.count("edge2-1-p0"), 1u);
 }
 
+// A part count from the launcher is bounded before the client asks for that many parts.
+TEST(Pmi1Fake, AHugePartCountFromTheLauncherIsRefused) {
+  FakeLauncher fake({});
+  auto r0 = connect_rank(fake, 0, 2);
+  {
+    std::lock_guard lock(fake.mu);
+    fake.store["addr-1"] = "p999999999999";
+    fake.store["zero-1"] = "p0";
+  }
+  std::string what = error_of([&] { (void)r0->get(1, "addr"); });
+  EXPECT_NE(what.find("malformed part count 'p999999999999' (expected 1 to 65536)"), std::string::npos) << what;
+  what = error_of([&] { (void)r0->get(1, "zero"); });
+  EXPECT_NE(what.find("malformed part count 'p0'"), std::string::npos) << what;
+  std::lock_guard lock(fake.mu);
+  EXPECT_LT(fake.requests.size(), 20u) << "the client asked for parts it had no bound on";
+}
+
+// A value that would need more parts than a reader accepts is refused at put, by name.
+TEST(Pmi1Fake, AValueBeyondThePartBoundIsRefusedAtPut) {
+  FakeLauncher fake({.vallen_max = 8});  // 6 hex characters (3 bytes) per part
+  auto r0 = connect_rank(fake, 0, 1);
+  const std::string what = error_of([&] { r0->put("big", std::string(3 * 65536 + 1, 'z')); });
+  EXPECT_NE(what.find("key 'big'"), std::string::npos) << what;
+  EXPECT_NE(what.find("at most 65536 are read back"), std::string::npos) << what;
+}
+
 TEST(Pmi1Fake, MissingKeyAndBadKeys) {
   FakeLauncher fake({});
   auto r0 = connect_rank(fake, 0, 2);
