@@ -80,6 +80,38 @@ TEST(ShmCellQueue, FullRefusesThenAcceptsAcrossLaps) {
   }
 }
 
+// A sender that dies between claiming a cell and publishing it: once its rank is known
+// failed, the consumer passes the cell and reads what others published after it; a claim by
+// a rank that is alive, or an empty cell, is never passed.
+TEST(ShmCellQueue, ACellClaimedByAFailedRankIsPassed) {
+  QueueMemory m(8, 16);
+  auto failed = [](int rank) { return rank == 3; };
+  std::uint64_t head = 0, pos = 0;
+  EXPECT_FALSE(m.queue.skip_dead_claim(head, failed)) << "an empty cell is not passed";
+  ASSERT_NE(m.queue.try_claim(pos, 3), nullptr);  // rank 3 claims position 0 and dies
+  ASSERT_EQ(pos, 0u);
+  CellHeader* live = m.queue.try_claim(pos, 1);   // rank 1 claims position 1, publishes
+  ASSERT_NE(live, nullptr);
+  live->arg0 = 42;
+  CellQueue::publish(live, pos);
+  EXPECT_EQ(m.queue.peek(head), nullptr) << "the dead claim blocks the head";
+  EXPECT_FALSE(m.queue.skip_dead_claim(head, [](int) { return false; })) << "rank 3 not failed yet";
+  ASSERT_TRUE(m.queue.skip_dead_claim(head, failed));
+  ++head;
+  CellHeader* c = m.queue.peek(head);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->arg0, 42u);
+  m.queue.release(c, head++);
+  // Position 2 claimed by rank 1, which is alive and slow: never passed.
+  ASSERT_NE(m.queue.try_claim(pos, 1), nullptr);
+  EXPECT_FALSE(m.queue.skip_dead_claim(head, failed));
+  // The passed cell is free again a lap later: positions 3..9 (cells 3..7, then 0 and 1) can
+  // be claimed; position 10 is cell 2, still claimed.
+  int claimed = 0;
+  while (m.queue.try_claim(pos, 2) != nullptr) ++claimed;
+  EXPECT_EQ(claimed, 7);
+}
+
 TEST(ShmCellQueue, ConcurrentProducersExactlyOnceInOrder) {
   constexpr int kProducers = 4;
   const std::size_t per = ferry::test::scaled(50000, 5000);

@@ -12,8 +12,13 @@
 //   seq == p            the cell is free for the producer that claims position p,
 //   seq == p + 1        it holds the message published at position p,
 //   seq == p + count    the consumer has released it: free for position p + count.
-// A producer claims position p with a CAS tail: p -> p+1, fills the cell, then stores
-// seq = p+1. The consumer at head h reads the cell once seq == h+1, then stores h + count.
+// A producer claims position p with a CAS tail: p -> p+1, marks the cell claimed (seq =
+// claimed_seq(p, its rank): the top bit set, so the cell is neither free nor published), fills
+// it, then stores seq = p+1. The consumer at head h reads the cell once seq == h+1, then
+// stores h + count. A sender that dies between claim and publish leaves its mark: once that
+// rank is known failed, the consumer frees the cell and moves past it (skip_dead_claim)
+// instead of waiting forever. Only the one instruction between the CAS and the mark is
+// unprotected.
 //
 // Contract
 //  - try_claim()/publish() by any thread of any process that maps the segment, concurrently.
@@ -39,6 +44,9 @@
 //    handoff goes through the cell's seq.
 //  - publish() stores seq = p+1 with release, ordering the cell's header and payload before
 //    it; the consumer's acquire load of seq pairs with it.
+//  - The claim mark is relaxed: it orders no data (the cell is empty), and a later producer
+//    at p + count reads it as "full" whatever it sees; the consumer acts on it only for a rank
+//    already failed, whose process writes nothing more.
 //  - release() stores h + count with release (pairs with the producer's acquire above).
 #pragma once
 
@@ -103,8 +111,17 @@ class CellQueue {
   std::uint64_t count() const noexcept { return mask_ + 1; }
   bool valid() const noexcept { return tail_ != nullptr; }
 
-  // Producer: a cell to fill and the position to publish it at, or null when full.
-  CellHeader* try_claim(std::uint64_t& pos) noexcept {
+  // The mark of a cell claimed at `pos` by `rank` and not yet published.
+  static constexpr std::uint64_t kClaimedBit = std::uint64_t{1} << 63;
+  static constexpr int kPosBits = 39;
+  static constexpr int kUnknownClaimer = 0xFFFFFF;  // never a failed rank
+  static constexpr std::uint64_t claimed_seq(std::uint64_t pos, int rank) noexcept {
+    return kClaimedBit | (static_cast<std::uint64_t>(rank & 0xFFFFFF) << kPosBits) | (pos & ((std::uint64_t{1} << kPosBits) - 1));
+  }
+
+  // Producer: a cell to fill and the position to publish it at, or null when full. The cell
+  // is marked claimed by `claimer` (this process's rank).
+  CellHeader* try_claim(std::uint64_t& pos, int claimer = kUnknownClaimer) noexcept {
     std::uint64_t p = tail_->load(std::memory_order_relaxed);
     for (;;) {
       CellHeader* c = cell(p);
@@ -112,6 +129,7 @@ class CellQueue {
       const auto diff = static_cast<std::int64_t>(seq - p);
       if (diff == 0) {
         if (tail_->compare_exchange_weak(p, p + 1, std::memory_order_relaxed, std::memory_order_relaxed)) {
+          c->seq.store(claimed_seq(p, claimer), std::memory_order_relaxed);
           pos = p;
           return c;
         }
@@ -132,6 +150,17 @@ class CellQueue {
   }
   void release(CellHeader* c, std::uint64_t head) noexcept {
     c->seq.store(head + mask_ + 1, std::memory_order_release);
+  }
+  // Consumer, when peek(head) found nothing: if the cell at head is claimed by a rank `failed`
+  // names (it will never be published), frees it and returns true: the consumer moves on.
+  template <class Failed>
+  bool skip_dead_claim(std::uint64_t head, Failed failed) noexcept {
+    CellHeader* c = cell(head);
+    const std::uint64_t s = c->seq.load(std::memory_order_acquire);
+    if ((s & kClaimedBit) == 0 || s != claimed_seq(head, static_cast<int>((s >> kPosBits) & 0xFFFFFF))) return false;
+    if (!failed(static_cast<int>((s >> kPosBits) & 0xFFFFFF))) return false;
+    release(c, head);
+    return true;
   }
 
  private:

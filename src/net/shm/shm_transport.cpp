@@ -261,7 +261,7 @@ int ShmTransport::inject_parts(int rank, const void* head, std::size_t head_len,
   Peer* p = peer(rank);
   if (p == nullptr) return -EHOSTUNREACH;
   std::uint64_t pos = 0;
-  CellHeader* c = p->queue.try_claim(pos);
+  CellHeader* c = p->queue.try_claim(pos, rank_);
   if (c == nullptr) return -EAGAIN;
   c->length = static_cast<std::uint32_t>(head_len + body_len);
   c->rank = rank_;
@@ -362,7 +362,7 @@ int ShmTransport::inject_put(int rank, const void* buf, std::size_t len, std::ui
     default: {
       if (len > cell_payload_) return -EMSGSIZE;
       std::uint64_t pos = 0;
-      CellHeader* c = p->queue.try_claim(pos);
+      CellHeader* c = p->queue.try_claim(pos, rank_);
       if (c == nullptr) return -EAGAIN;
       c->length = static_cast<std::uint32_t>(len);
       c->rank = rank_;
@@ -409,7 +409,7 @@ int ShmTransport::get(int rank, void* buf, std::size_t len, void*, std::uint64_t
   }
   if (slot == nullptr) return -EAGAIN;
   std::uint64_t pos = 0;
-  CellHeader* c = p->queue.try_claim(pos);
+  CellHeader* c = p->queue.try_claim(pos, rank_);
   if (c == nullptr) {
     slot->state.store(gen << 2 | kSlotFree, std::memory_order_release);
     return -EAGAIN;
@@ -455,7 +455,7 @@ bool ShmTransport::push_put(PutNode& n) noexcept {
   CellQueue& q = peers_[static_cast<std::size_t>(n.rank)].queue;
   while (n.done < n.len) {
     std::uint64_t pos = 0;
-    CellHeader* c = q.try_claim(pos);
+    CellHeader* c = q.try_claim(pos, rank_);
     if (c == nullptr) return false;
     const std::uint64_t rest = n.len - n.done;
     const auto chunk = static_cast<std::uint32_t>(rest < cell_payload_ ? rest : cell_payload_);
@@ -469,7 +469,7 @@ bool ShmTransport::push_put(PutNode& n) noexcept {
   }
   if (n.notify != 0) {
     std::uint64_t pos = 0;
-    CellHeader* c = q.try_claim(pos);
+    CellHeader* c = q.try_claim(pos, rank_);
     if (c == nullptr) return false;
     c->length = 0;
     c->rank = rank_;
@@ -520,7 +520,7 @@ void ShmTransport::progress_serves() noexcept {
     bool finished = false;
     for (;;) {
       std::uint64_t pos = 0;
-      CellHeader* c = q.try_claim(pos);
+      CellHeader* c = q.try_claim(pos, rank_);
       if (c == nullptr) break;
       const std::uint64_t rest = s.len - s.offset;
       const auto chunk = static_cast<std::uint32_t>(s.error != 0 ? 0 : rest < cell_payload_ ? rest : cell_payload_);
@@ -648,7 +648,16 @@ int ShmTransport::poll(Event* events, int max) {
   bool waiting = false;  // a message at the head has no posted receive
   for (std::uint64_t budget = rx_.count(); n < max && budget > 0 && !waiting; --budget) {
     CellHeader* c = rx_.peek(head_);
-    if (c == nullptr) break;
+    if (c == nullptr) {
+      // A sender that died between claiming this cell and publishing it never will.
+      if (!failed_.empty() &&
+          rx_.skip_dead_claim(head_, [this](int r) { return r >= 0 && r < size_ && failed_[static_cast<std::size_t>(r)] != 0; })) {
+        FERRY_LOG(warn, "shm: passed a queue cell a failed rank claimed and never published");
+        ++head_;
+        continue;
+      }
+      break;
+    }
     // Read each field once: the sender's process could still scribble on the cell.
     const std::uint32_t kind = c->kind;
     const std::uint32_t len = c->length;
@@ -711,6 +720,12 @@ int ShmTransport::poll(Event* events, int max) {
   }
   if (!serves_.empty()) progress_serves();
   return n;
+}
+
+void ShmTransport::peer_failed(int rank) {
+  if (rank < 0 || rank >= size_) return;
+  if (failed_.empty()) failed_.assign(static_cast<std::size_t>(size_), 0);
+  failed_[static_cast<std::size_t>(rank)] = 1;
 }
 
 // --- Registration --------------------------------------------------------------------------

@@ -129,6 +129,9 @@ class ShmTransport final : public Transport {
   Registration* register_memory(const void* buf, std::size_t len, Access access) override;
   void deregister(Registration* r) noexcept override;
   void cancel_all() noexcept override;
+  // The rank failed: a cell it claimed in this rank's queue and never published is passed
+  // over (CellQueue::skip_dead_claim) instead of stalling the queue.
+  void peer_failed(int rank) override;
 
   // How RMA to `rank` moves data: "self" (memcpy), "cma", "copy", or "none" (no address).
   const char* copy_mode(int rank) const noexcept;
@@ -182,6 +185,7 @@ class ShmTransport final : public Transport {
   Segment own_;
   CellQueue rx_;
   std::uint64_t head_ = 0;  // rx_'s consumer position (poll-lock holder)
+  std::vector<std::uint8_t> failed_;  // by rank, once one failed: 1 if failed (poll-lock holder)
   std::unique_ptr<Peer[]> peers_;
 
   detail::MpscQueue<DoneNode> done_;  // local completions (any thread pushes, poll pops)
