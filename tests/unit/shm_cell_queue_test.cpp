@@ -88,9 +88,9 @@ TEST(ShmCellQueue, ACellClaimedByAFailedRankIsPassed) {
   auto failed = [](int rank) { return rank == 3; };
   std::uint64_t head = 0, pos = 0;
   EXPECT_FALSE(m.queue.skip_dead_claim(head, failed)) << "an empty cell is not passed";
-  ASSERT_NE(m.queue.try_claim(pos, 3), nullptr);  // rank 3 claims position 0 and dies
+  ASSERT_NE(m.queue.try_claim(pos, CellQueue::claim_mark(3)), nullptr);  // rank 3 claims position 0 and dies
   ASSERT_EQ(pos, 0u);
-  CellHeader* live = m.queue.try_claim(pos, 1);   // rank 1 claims position 1, publishes
+  CellHeader* live = m.queue.try_claim(pos, CellQueue::claim_mark(1));   // rank 1 claims position 1, publishes
   ASSERT_NE(live, nullptr);
   live->arg0 = 42;
   CellQueue::publish(live, pos);
@@ -103,12 +103,12 @@ TEST(ShmCellQueue, ACellClaimedByAFailedRankIsPassed) {
   EXPECT_EQ(c->arg0, 42u);
   m.queue.release(c, head++);
   // Position 2 claimed by rank 1, which is alive and slow: never passed.
-  ASSERT_NE(m.queue.try_claim(pos, 1), nullptr);
+  ASSERT_NE(m.queue.try_claim(pos, CellQueue::claim_mark(1)), nullptr);
   EXPECT_FALSE(m.queue.skip_dead_claim(head, failed));
   // The passed cell is free again a lap later: positions 3..9 (cells 3..7, then 0 and 1) can
   // be claimed; position 10 is cell 2, still claimed.
   int claimed = 0;
-  while (m.queue.try_claim(pos, 2) != nullptr) ++claimed;
+  while (m.queue.try_claim(pos, CellQueue::claim_mark(2)) != nullptr) ++claimed;
   EXPECT_EQ(claimed, 7);
 }
 

@@ -115,13 +115,16 @@ class CellQueue {
   static constexpr std::uint64_t kClaimedBit = std::uint64_t{1} << 63;
   static constexpr int kPosBits = 39;
   static constexpr int kUnknownClaimer = 0xFFFFFF;  // never a failed rank
-  static constexpr std::uint64_t claimed_seq(std::uint64_t pos, int rank) noexcept {
-    return kClaimedBit | (static_cast<std::uint64_t>(rank & 0xFFFFFF) << kPosBits) | (pos & ((std::uint64_t{1} << kPosBits) - 1));
+  static constexpr std::uint64_t kPosMask = (std::uint64_t{1} << kPosBits) - 1;
+  // A producer's mark without the position, computed once (claim_mark(rank)).
+  static constexpr std::uint64_t claim_mark(int rank) noexcept {
+    return kClaimedBit | (static_cast<std::uint64_t>(rank & 0xFFFFFF) << kPosBits);
   }
+  static constexpr std::uint64_t claimed_seq(std::uint64_t pos, int rank) noexcept { return claim_mark(rank) | (pos & kPosMask); }
 
   // Producer: a cell to fill and the position to publish it at, or null when full. The cell
-  // is marked claimed by `claimer` (this process's rank).
-  CellHeader* try_claim(std::uint64_t& pos, int claimer = kUnknownClaimer) noexcept {
+  // is marked claimed with `mark` (claim_mark of this process's rank).
+  CellHeader* try_claim(std::uint64_t& pos, std::uint64_t mark = claim_mark(kUnknownClaimer)) noexcept {
     std::uint64_t p = tail_->load(std::memory_order_relaxed);
     for (;;) {
       CellHeader* c = cell(p);
@@ -129,7 +132,7 @@ class CellQueue {
       const auto diff = static_cast<std::int64_t>(seq - p);
       if (diff == 0) {
         if (tail_->compare_exchange_weak(p, p + 1, std::memory_order_relaxed, std::memory_order_relaxed)) {
-          c->seq.store(claimed_seq(p, claimer), std::memory_order_relaxed);
+          c->seq.store(mark | (p & kPosMask), std::memory_order_relaxed);
           pos = p;
           return c;
         }

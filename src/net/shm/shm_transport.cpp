@@ -261,7 +261,7 @@ int ShmTransport::inject_parts(int rank, const void* head, std::size_t head_len,
   Peer* p = peer(rank);
   if (p == nullptr) return -EHOSTUNREACH;
   std::uint64_t pos = 0;
-  CellHeader* c = p->queue.try_claim(pos, rank_);
+  CellHeader* c = p->queue.try_claim(pos, claim_mark_);
   if (c == nullptr) return -EAGAIN;
   c->length = static_cast<std::uint32_t>(head_len + body_len);
   c->rank = rank_;
@@ -362,7 +362,7 @@ int ShmTransport::inject_put(int rank, const void* buf, std::size_t len, std::ui
     default: {
       if (len > cell_payload_) return -EMSGSIZE;
       std::uint64_t pos = 0;
-      CellHeader* c = p->queue.try_claim(pos, rank_);
+      CellHeader* c = p->queue.try_claim(pos, claim_mark_);
       if (c == nullptr) return -EAGAIN;
       c->length = static_cast<std::uint32_t>(len);
       c->rank = rank_;
@@ -409,7 +409,7 @@ int ShmTransport::get(int rank, void* buf, std::size_t len, void*, std::uint64_t
   }
   if (slot == nullptr) return -EAGAIN;
   std::uint64_t pos = 0;
-  CellHeader* c = p->queue.try_claim(pos, rank_);
+  CellHeader* c = p->queue.try_claim(pos, claim_mark_);
   if (c == nullptr) {
     slot->state.store(gen << 2 | kSlotFree, std::memory_order_release);
     return -EAGAIN;
@@ -455,7 +455,7 @@ bool ShmTransport::push_put(PutNode& n) noexcept {
   CellQueue& q = peers_[static_cast<std::size_t>(n.rank)].queue;
   while (n.done < n.len) {
     std::uint64_t pos = 0;
-    CellHeader* c = q.try_claim(pos, rank_);
+    CellHeader* c = q.try_claim(pos, claim_mark_);
     if (c == nullptr) return false;
     const std::uint64_t rest = n.len - n.done;
     const auto chunk = static_cast<std::uint32_t>(rest < cell_payload_ ? rest : cell_payload_);
@@ -469,7 +469,7 @@ bool ShmTransport::push_put(PutNode& n) noexcept {
   }
   if (n.notify != 0) {
     std::uint64_t pos = 0;
-    CellHeader* c = q.try_claim(pos, rank_);
+    CellHeader* c = q.try_claim(pos, claim_mark_);
     if (c == nullptr) return false;
     c->length = 0;
     c->rank = rank_;
@@ -520,7 +520,7 @@ void ShmTransport::progress_serves() noexcept {
     bool finished = false;
     for (;;) {
       std::uint64_t pos = 0;
-      CellHeader* c = q.try_claim(pos, rank_);
+      CellHeader* c = q.try_claim(pos, claim_mark_);
       if (c == nullptr) break;
       const std::uint64_t rest = s.len - s.offset;
       const auto chunk = static_cast<std::uint32_t>(s.error != 0 ? 0 : rest < cell_payload_ ? rest : cell_payload_);

@@ -178,6 +178,7 @@ class ShmTransport final : public Transport {
   bool on_get_reply(CellHeader* c, std::uint32_t len, int src, Event& ev) noexcept;
 
   const int rank_;
+  const std::uint64_t claim_mark_ = CellQueue::claim_mark(rank_);  // this rank's mark on the cells it claims
   const int size_;
   const int device_;
   const std::size_t cell_payload_;
