@@ -90,7 +90,10 @@ class Buffer {
 };
 
 // Completion::error of an operation that could not finish because its peer (Completion::rank)
-// failed: a pending send, receive, rendezvous, put or get to or from that rank.
+// failed: a pending send, receive, rendezvous, put or get to or from that rank. Such a
+// remote_am carries no payload or parts. The buffer of a receive or get that ends this way
+// stays allocated until finalize() returns: a transfer the transport gave up on may still
+// land in it (README, "Peer failure").
 inline constexpr int peer_failed_error = -EHOSTDOWN;
 
 // One finished operation.

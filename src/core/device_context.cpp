@@ -184,9 +184,10 @@ bool peer_gone_error(int rc) noexcept {
   }
 }
 
-void DeviceContext::bury(std::vector<Chunk>&& chunks) {
+void DeviceContext::bury(std::vector<Chunk>&& chunks, std::vector<Buffer>&& destinations) {
   std::lock_guard<std::mutex> guard(graveyard_mutex_);
   graveyard_.push_back(std::move(chunks));
+  if (!destinations.empty()) buried_buffers_.push_back(std::move(destinations));
 }
 
 void DeviceContext::runtime_peer_failed(int rank, const std::string& how) noexcept { runtime_.peer_failed(rank, how); }

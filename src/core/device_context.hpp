@@ -140,8 +140,11 @@ class alignas(cache_line) DeviceContext {
   // A remote-target completion (an active message or a notification) for the runtime.
   void deliver(std::uint16_t target, Completion&& c) noexcept;
   // Keeps the chunks of an operation a transport abandoned (Event::abandoned) until the device
-  // goes: the backend may still hold their contexts, so their memory is never reused.
-  void bury(std::vector<Chunk>&& chunks);
+  // goes: the backend may still hold their contexts, so their memory is never reused. With
+  // them go the ferry-owned destinations of its reads (receive blocks, zero-copy chunks): a
+  // peer cut off, not dead, may still have its data in this rank's socket, and the backend
+  // writes it wherever the read pointed whenever its progress reaches it.
+  void bury(std::vector<Chunk>&& chunks, std::vector<Buffer>&& destinations = {});
   // A message from the wire dropped as malformed (the caller logs it with the sender's rank).
   // Relaxed: a statistic, read by Device::stats() with no order to other data.
   void count_malformed() noexcept { malformed_.fetch_add(1, std::memory_order_relaxed); }
@@ -186,6 +189,7 @@ class alignas(cache_line) DeviceContext {
   std::atomic<std::size_t> deferred_count_{0};
   std::mutex graveyard_mutex_;  // peer-failure path only
   std::vector<std::vector<Chunk>> graveyard_;
+  std::vector<std::vector<Buffer>> buried_buffers_;
 };
 
 }  // namespace ferry::detail

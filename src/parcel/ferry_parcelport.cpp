@@ -759,6 +759,13 @@ class FerryParcelport final : public Parcelport {
 
   void handle(Completion&& c) {
     if (c.op == OpKind::remote_am) {
+      // A header (or an iovec parcel) that failed with its sender holds nothing to decode: the
+      // failure reaches the application once, through the peer_failed upcall.
+      if (!c.ok()) {
+        if (c.error != peer_failed_error)
+          FERRY_LOG_AT(error, rank(), -1, "parcelport: a message from rank %d failed: %s", c.rank, c.error_string().c_str());
+        return;
+      }
       on_header(c.rank, std::move(c.buffer), std::move(c.parts));
       return;
     }

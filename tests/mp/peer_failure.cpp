@@ -193,6 +193,7 @@ int main(int argc, char** argv) {
       ++from_victim;
       if (!c->ok()) {
         if (c->error != ferry::peer_failed_error) fail("a message from the victim failed with " + c->error_string());
+        if (c->buffer.size() != 0 || !c->parts.empty()) fail("a failed message from the victim carried a payload");
         ++from_victim_failed;
       } else if (!intact(c->buffer.data(), c->buffer.size(), victim)) {
         fail("corrupt message from the victim");

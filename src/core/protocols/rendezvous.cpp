@@ -345,7 +345,15 @@ bool Rendezvous::send_fin(int rank, std::uint64_t send_op) {
 // Finishes a RecvOp whose reads are all complete: deliver, FIN, free.
 void Rendezvous::finish(RecvOp* op) {
   if (op->abandoned) {
-    dc_.bury(std::move(op->chunks));  // the registrations stay too: the transport may hold them
+    // The registrations stay too: the transport may hold them. So do ferry's own destinations:
+    // the failed message is delivered without them (a user receive's buffer is the user's; see
+    // the README's "Peer failure").
+    if (op->goal != RecvOp::Goal::user_recv) {
+      dc_.bury(std::move(op->chunks), std::move(op->parts));
+      op->parts.clear();
+    } else {
+      dc_.bury(std::move(op->chunks));
+    }
   } else {
     for (net::Registration* r : op->registrations) op->link->transport->deregister(r);
   }
@@ -365,13 +373,16 @@ void Rendezvous::finish(RecvOp* op) {
       break;
     case RecvOp::Goal::am:
       c.op = OpKind::remote_am;
-      if (!op->parts.empty()) c.buffer = std::move(op->parts[0]);  // none when its block failed
+      // A failed message carries nothing: its bytes may be partial.
+      if (op->error == 0 && !op->parts.empty()) c.buffer = std::move(op->parts[0]);
       dc_.deliver(op->target, std::move(c));
       break;
     case RecvOp::Goal::iovec:
       c.op = OpKind::remote_am;
-      c.buffer = std::move(op->eager);
-      c.parts = std::move(op->parts);
+      if (op->error == 0) {
+        c.buffer = std::move(op->eager);
+        c.parts = std::move(op->parts);
+      }
       dc_.deliver(op->target, std::move(c));
       break;
   }
