@@ -398,6 +398,7 @@ inline void DeviceImpl::on_recv(Link& l, Packet* p, std::size_t length, const un
     pool_->put(p);
     return;
   }
+  runtime_.heard_from(src);
   p->arrived.length = static_cast<std::uint32_t>(length);
   if (p->data()[0] == static_cast<std::uint8_t>(MsgKind::frag)) {
     const Fragments::Whole w = fragments_.on_fragment(p, length, payload);

@@ -49,10 +49,12 @@ class PeerWatch {
 
 // Silence detection for the peers on other hosts (FERRY_PEER_TIMEOUT_MS). Every process sends
 // each such peer a heartbeat every timeout/4 from a thread of its own (so a rank busy computing
-// still sends them); heard() records one. The same thread calls check() every check interval:
-// a peer not heard from for `timeout` of the time this rank was progressing is named. A tick in
-// which this rank did not progress at all (so could not poll the heartbeats waiting for it)
-// does not count, and one tick counts at most twice the interval.
+// still sends them); heard() records one, or any other message from the peer (under a flood a
+// heartbeat can wait long behind the sender's own messages). The same thread calls check()
+// every check interval: a peer not heard from for `timeout` of the time this rank was
+// progressing is named. A tick in which this rank did not progress at all (so could not poll
+// the heartbeats waiting for it) does not count, and one tick counts at most twice the
+// interval.
 //
 // Concurrency: heard() by any thread (a relaxed flag: the checker only needs to see it by its
 // next check, and a heartbeat carries no data to order; a heartbeat whose flag check() clears

@@ -51,6 +51,9 @@ class RuntimeImpl {
   void barrier();
   // A barrier step arrived from `src`; the step kDepartStep says the sender finalized.
   void barrier_arrived(int src, std::uint32_t step) noexcept;
+  // Any message from `src` (checked valid) proves it alive to the keepalive: a peer whose
+  // heartbeats wait behind its own flood in a full send queue is still heard.
+  void heard_from(int src) noexcept { keepalive_.heard(src); }
   // The barrier-kind message a finalizing rank sends every peer before its process may end:
   // its end is a departure, not a failure (see check_peers). Barrier steps use tags below 512.
   static constexpr std::uint32_t kDepartStep = 0x10000;
