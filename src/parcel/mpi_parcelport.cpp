@@ -45,9 +45,11 @@
 #include <utility>
 #include <vector>
 
+#include "common/log.hpp"
 #include "ferry/error.hpp"
 #include "ferry/parcel.hpp"
 #include "ferry/parcel_mpi.hpp"
+#include "parcel/mpi_header.hpp"
 
 namespace ferry::parcel::detail {
 
@@ -55,19 +57,6 @@ namespace {
 
 constexpr int kHeaderTag = 0;
 constexpr std::size_t kDefaultMaxHeader = 512;
-constexpr std::uint32_t kSignature = 0x46525931u;  // catches a header layout mismatch
-constexpr std::uint32_t kFlagPiggyback = 1u;       // the nzc follows the size table
-constexpr std::uint32_t kFlagAggregate = 2u;       // the nzc is an mpi_a index + several nzcs
-
-struct MpiParcelHeader {
-  std::uint32_t signature;
-  std::int32_t tag;
-  std::uint32_t flags;
-  std::uint32_t zc_count;
-  std::uint64_t nzc_size;
-  // then zc_count u64 sizes, then the nzc when kFlagPiggyback
-};
-static_assert(sizeof(MpiParcelHeader) == 24);
 
 std::string mpi_error_string(int rc) {
   char text[MPI_MAX_ERROR_STRING];
@@ -160,8 +149,6 @@ struct FreeDeleter {
 // The index at the front of an aggregate's nzc: u64 count, then per parcel u64 nzc size and u64
 // zc count; the parcels' nzcs follow, concatenated, and the zc size table in the header lists
 // every parcel's zc chunks in order.
-constexpr std::size_t aggregate_index_size(std::size_t count) { return 8 + count * 16; }
-
 enum class Step { idle, progressed, finished };
 
 struct Device;
@@ -426,7 +413,7 @@ class MpiParcelport final : public Parcelport {
     const bool piggyback = table + nzc.size <= max_header_;
     c->nzc_followup = !piggyback;
     c->header.resize(piggyback ? table + nzc.size : table);
-    MpiParcelHeader h{kSignature, c->tag, flags | (piggyback ? kFlagPiggyback : 0u),
+    MpiParcelHeader h{kMpiSignature, c->tag, flags | (piggyback ? kFlagPiggyback : 0u),
                  static_cast<std::uint32_t>(c->zc.size()), nzc.size};
     std::byte* out = c->header.data();
     std::memcpy(out, &h, sizeof h);
@@ -594,32 +581,28 @@ class MpiParcelport final : public Parcelport {
     return parse_header(dev, source, received.data(), received.size());
   }
 
+  // A header that does not check out is dropped and logged with its sender's rank (its
+  // follow-ups, if any, are never received); nullptr then.
   std::unique_ptr<ReceiverConnection> parse_header(Device& dev, int source, const std::byte* data, std::size_t len) {
-    MpiParcelHeader h;
-    if (len < sizeof h) throw Error("MPI parcelport: header of " + std::to_string(len) + " bytes from " +
-                                    std::to_string(source) + " is too short");
-    std::memcpy(&h, data, sizeof h);
-    const std::size_t table = sizeof h + 8 * static_cast<std::size_t>(h.zc_count);
-    const bool piggyback = (h.flags & kFlagPiggyback) != 0;
-    if (h.signature != kSignature || len < table || (piggyback && len != table + h.nzc_size)) {
-      throw Error("MPI parcelport: malformed header of " + std::to_string(len) + " bytes from " +
-                  std::to_string(source) + " (is max_header the same on every rank?)");
+    MpiHeaderView v;
+    if (!check_mpi_header(data, len, v)) {
+      FERRY_LOG_AT(warn, rank_, -1,
+                   "MPI parcelport: dropped a malformed %zu-byte header from rank %d (is max_header the same on "
+                   "every rank?)",
+                   len, source);
+      return nullptr;
     }
     auto c = std::make_unique<ReceiverConnection>();
     c->device = &dev;
     c->source = source;
-    c->tag = h.tag;
-    c->aggregate = (h.flags & kFlagAggregate) != 0;
-    c->zc_sizes.resize(h.zc_count);
-    for (std::size_t i = 0; i < h.zc_count; ++i) {
-      std::uint64_t s = 0;
-      std::memcpy(&s, data + sizeof h + 8 * i, 8);
-      c->zc_sizes[i] = static_cast<std::size_t>(s);
-    }
-    c->nzc.reset(checked_malloc(h.nzc_size, "parcel receive"));
-    c->nzc_size = h.nzc_size;
-    if (piggyback) {
-      if (h.nzc_size != 0) std::memcpy(c->nzc.get(), data + table, h.nzc_size);
+    c->tag = v.h.tag;
+    c->aggregate = v.aggregate();
+    c->zc_sizes.resize(v.h.zc_count);
+    for (std::size_t i = 0; i < v.h.zc_count; ++i) c->zc_sizes[i] = static_cast<std::size_t>(mpi_zc_size(v, i));
+    c->nzc.reset(checked_malloc(v.h.nzc_size, "parcel receive"));
+    c->nzc_size = v.h.nzc_size;
+    if (v.piggyback()) {
+      if (v.h.nzc_size != 0) std::memcpy(c->nzc.get(), v.nzc, v.h.nzc_size);
     } else {
       c->nzc_followup = true;
     }
@@ -670,7 +653,12 @@ class MpiParcelport final : public Parcelport {
       }
       if (!c.zc_ready) {
         c.zc_ready = true;
-        allocate_zc(c);
+        if (!allocate_zc(c)) {
+          // Dropped: its zero-copy follow-ups are never received.
+          FERRY_LOG_AT(warn, rank_, -1, "MPI parcelport: dropped an aggregate with a malformed index from rank %d",
+                       c.source);
+          return Step::finished;
+        }
       }
       if (c.next_zc < c.zc.size()) {
         const std::size_t i = c.next_zc++;
@@ -693,33 +681,23 @@ class MpiParcelport final : public Parcelport {
   }
 
   // Needs the whole nzc: the upper layer reads the zc layout from it, and for an aggregate the
-  // index that splits it into parcels is in there too.
-  void allocate_zc(ReceiverConnection& c) {
+  // index that splits it into parcels is in there too. False when that index does not check out.
+  bool allocate_zc(ReceiverConnection& c) {
     auto* base = static_cast<std::byte*>(c.nzc.get());
     const std::size_t size = c.nzc_size;
     if (!c.aggregate) {
       if (!c.zc_sizes.empty()) c.zc = allocate_checked(c.source, Chunk{base, size}, c.zc_sizes);
-      return;
+      return true;
     }
-    std::uint64_t count = 0;
-    if (size >= 8) std::memcpy(&count, base, 8);
-    if (size < 8 || count > (size - 8) / 16) {
-      throw Error("MPI parcelport: malformed aggregate index from " + std::to_string(c.source));
-    }
-    std::size_t at = aggregate_index_size(count);
-    std::size_t zc_at = 0;
-    c.parts.resize(count);
+    std::vector<AggregatePart> index;
+    if (!check_aggregate_index(base, size, c.zc_sizes.size(), index)) return false;
+    c.parts.resize(index.size());
     c.zc.reserve(c.zc_sizes.size());
-    for (std::size_t i = 0; i < count; ++i) {
-      std::uint64_t entry[2];
-      std::memcpy(entry, base + 8 + 16 * i, 16);
-      if (entry[0] > size - at || entry[1] > c.zc_sizes.size() - zc_at) {
-        throw Error("MPI parcelport: malformed aggregate index from " + std::to_string(c.source));
-      }
+    std::size_t zc_at = 0;
+    for (std::size_t i = 0; i < index.size(); ++i) {
       auto& part = c.parts[i];
-      part.nzc = Chunk{base + at, entry[0]};
-      part.zc_count = entry[1];
-      at += entry[0];
+      part.nzc = Chunk{base + index[i].nzc_offset, index[i].nzc_size};
+      part.zc_count = index[i].zc_count;
       if (part.zc_count != 0) {
         std::vector<std::size_t> sizes(c.zc_sizes.begin() + static_cast<std::ptrdiff_t>(zc_at),
                                        c.zc_sizes.begin() + static_cast<std::ptrdiff_t>(zc_at + part.zc_count));
@@ -728,9 +706,7 @@ class MpiParcelport final : public Parcelport {
       }
       zc_at += part.zc_count;
     }
-    if (at != size || zc_at != c.zc_sizes.size()) {
-      throw Error("MPI parcelport: malformed aggregate index from " + std::to_string(c.source));
-    }
+    return true;
   }
 
   // Counted before the upcall, like the ferry parcelport, so both report the same numbers.

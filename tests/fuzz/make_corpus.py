@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/): for wire_fuzz,
 well-formed scripts of every message kind of ferry's core wire format (src/core/wire.hpp), each
-frame as [u16 little-endian length][bytes]; for parcel_header_fuzz, well-formed parcel headers.
+frame as [u16 little-endian length][bytes]; for parcel_header_fuzz, well-formed parcel headers;
+for mpi_header_fuzz, well-formed MPI parcelport headers, aggregates among them.
 The fuzzers mutate them; the replay tests run them as they are."""
 import os
 import struct
@@ -62,8 +63,33 @@ parcel_seeds = {
     "iovec_apart": parcel_header(3, [16384, 8], b"\x09" * 3000, False),
 }
 
+MPI_SIGNATURE, MPI_PIGGYBACK, MPI_AGGREGATE = 0x46525931, 1, 2
+
+
+def mpi_header(zc_sizes, nzc, flags, tag=11):
+    """mpi_header_fuzz's input: an MPI parcelport header (src/parcel/mpi_header.hpp)."""
+    head = struct.pack("<IiIIQ", MPI_SIGNATURE, tag, flags, len(zc_sizes), len(nzc))
+    return head + b"".join(struct.pack("<Q", s) for s in zc_sizes) + (nzc if flags & MPI_PIGGYBACK else b"")
+
+
+def mpi_aggregate(parcels):
+    """An mpi_a nzc: the index (count, then nzc size and zero-copy count per parcel), then the nzcs."""
+    index = struct.pack("<Q", len(parcels)) + b"".join(struct.pack("<QQ", len(n), z) for n, z in parcels)
+    return index + b"".join(n for n, _ in parcels)
+
+
+mpi_seeds = {
+    "piggyback": mpi_header([], b"\x0a" * 40, MPI_PIGGYBACK),
+    "zc_piggyback": mpi_header([4096, 0], b"\x0b" * 24, MPI_PIGGYBACK),
+    "apart": mpi_header([100, 200], b"\x0c" * 5000, 0),
+    "aggregate": mpi_header([64, 8, 16], mpi_aggregate([(b"\x0d" * 12, 1), (b"", 0), (b"\x0e" * 7, 2)]),
+                            MPI_PIGGYBACK | MPI_AGGREGATE),
+    "aggregate_apart": mpi_header([64], mpi_aggregate([(b"\x0f" * 30, 1)]), MPI_AGGREGATE),
+}
+
 root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "corpus")
-for target, files in (("wire", {n: script(f) for n, f in seeds.items()}), ("parcel_header", parcel_seeds)):
+for target, files in (("wire", {n: script(f) for n, f in seeds.items()}), ("parcel_header", parcel_seeds),
+                      ("mpi_header", mpi_seeds)):
     out = os.path.join(root, target)
     os.makedirs(out, exist_ok=True)
     for name, data in files.items():
