@@ -32,13 +32,7 @@ else
   kill -9 "$proxy"
 fi
 killed=$SECONDS
-left=""
-for _ in $(seq 1 30); do
-  left=""
-  for p in $pids; do kill -0 "$p" 2>/dev/null && left="$left $p"; done
-  [ -z "$left" ] && break
-  sleep 0.1
-done
+left=$(still_running_after 3 "$pids")
 [ -z "$left" ] || fail "rank pid(s)$left still running 3 s after the $what was killed"
 ranks_gone_and_clean "$pids"
 pids=""

@@ -32,13 +32,7 @@ kill -9 "$job"
 wait "$job" 2>/dev/null
 job=""
 killed=$SECONDS
-left="$ranks"
-for _ in $(seq 1 30); do
-  left=""
-  for p in $ranks; do kill -0 "$p" 2>/dev/null && left="$left $p"; done
-  [ -z "$left" ] && break
-  sleep 0.1
-done
+left=$(still_running_after 3 "$ranks")
 [ -z "$left" ] || fail "rank pid(s)$left still running 3 s after mpirun was killed"
 ranks_gone_and_clean "$ranks"
 ranks=""

@@ -28,3 +28,16 @@ ranks_gone_and_clean() {
   done
   return 0
 }
+#
+# still_running_after SECONDS PIDS: waits up to SECONDS for every pid to end; prints those still
+# running then (nothing when all ended).
+still_running_after() {
+  local p left i
+  for ((i = 0; i < $1 * 10; i++)); do
+    left=""
+    for p in $2; do kill -0 "$p" 2>/dev/null && left="$left $p"; done
+    [ -z "$left" ] && return 0
+    sleep 0.1
+  done
+  echo "$left"
+}
