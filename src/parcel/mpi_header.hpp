@@ -5,7 +5,8 @@
 // u64 size per zero-copy chunk, then the nzc bytes when they are piggybacked (otherwise they
 // follow on the parcel's own tag, as the zero-copy chunks do). With mpi_a, the nzc starts with
 // an aggregate index: a u64 count, then per parcel a u64 nzc size and a u64 zero-copy count,
-// then the parcels' nzcs one after the other. Both come from another process: nothing is read
+// then the parcels' nzcs one after the other; the header's size table lists every parcel's
+// zero-copy chunks in the same order. Both come from another process: nothing is read
 // through them before check_mpi_header or check_aggregate_index has accepted them.
 #pragma once
 

@@ -146,9 +146,6 @@ struct FreeDeleter {
   void operator()(void* p) const noexcept { std::free(p); }
 };
 
-// The index at the front of an aggregate's nzc: u64 count, then per parcel u64 nzc size and u64
-// zc count; the parcels' nzcs follow, concatenated, and the zc size table in the header lists
-// every parcel's zc chunks in order.
 enum class Step { idle, progressed, finished };
 
 struct Device;
