@@ -16,12 +16,10 @@ trap '[ -n "$job" ] && kill -9 "$job" 2>/dev/null; [ -n "$proxy" ] && kill -9 "$
 
 FERRY_BOOTSTRAP=pmi1 "$mpiexec" -n 2 "$bench" pingpong --size 8 --iters 1000000000 >"$tmp/out" 2>&1 &
 job=$!
-for _ in $(seq 1 200); do
-  proxy=$(pgrep -P "$job" -f hydra_pmi_proxy | head -1)
-  [ -n "$proxy" ] && pids=$(pgrep -P "$proxy" -f "$bench" | tr '\n' ' ')
-  [ "$(wc -w <<<"$pids")" -eq 2 ] && break
-  sleep 0.05
-done
+proxy=$(children_of "$job" hydra_pmi_proxy 1)
+proxy=${proxy%% *}
+[ -n "$proxy" ] || fail "no hydra_pmi_proxy started under $mpiexec"
+pids=$(children_of "$proxy" "$bench" 2)
 [ "$(wc -w <<<"$pids")" -eq 2 ] || fail "the 2 ranks did not start under $mpiexec"
 sleep 2  # past start-up: in the ping-pong
 for p in $pids; do kill -0 "$p" 2>/dev/null || fail "rank pid $p ended before the launcher was killed"; done

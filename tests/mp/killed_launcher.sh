@@ -17,11 +17,7 @@ fail() { echo "FAIL: $*"; cat "$tmp/out" 2>/dev/null; exit 1; }
 
 "$ferryrun" -n 2 --timeout 60 -- "$bench" pingpong --size 8 --iters 1000000000 >"$tmp/out" 2>&1 &
 job=$!
-for _ in $(seq 1 200); do
-  ranks=$(pgrep -P "$job" -f "$bench" | tr '\n' ' ')
-  [ "$(wc -w <<<"$ranks")" -eq 2 ] && break
-  sleep 0.05
-done
+ranks=$(children_of "$job" "$bench" 2)
 [ "$(wc -w <<<"$ranks")" -eq 2 ] || fail "the 2 ranks did not start"
 # Past start-up: both ranks are in the ping-pong (their CPU time grows), not in the bootstrap.
 sleep 1

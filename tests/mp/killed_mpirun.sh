@@ -19,11 +19,7 @@ fail() { echo "FAIL: $*"; cat "$tmp/out" 2>/dev/null; exit 1; }
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 FERRY_BOOTSTRAP=pmix \
   "$mpirun" --oversubscribe -n 2 "$bench" pingpong --size 8 --iters 1000000000 >"$tmp/out" 2>&1 &
 job=$!
-for _ in $(seq 1 200); do
-  ranks=$(pgrep -P "$job" -f "$bench" | tr '\n' ' ')
-  [ "$(wc -w <<<"$ranks")" -eq 2 ] && break
-  sleep 0.05
-done
+ranks=$(children_of "$job" "$bench" 2)
 [ "$(wc -w <<<"$ranks")" -eq 2 ] || fail "the 2 ranks did not start"
 sleep 2  # past start-up: in the ping-pong
 for p in $ranks; do kill -0 "$p" 2>/dev/null || fail "rank pid $p ended before mpirun was killed"; done

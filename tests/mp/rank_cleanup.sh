@@ -41,3 +41,15 @@ still_running_after() {
   done
   echo "$left"
 }
+#
+# children_of PARENT PATTERN N: waits up to 10 s for N children of PARENT whose command line
+# matches PATTERN; prints the pids found by then (fewer than N when they did not come).
+children_of() {
+  local found="" i
+  for ((i = 0; i < 200; i++)); do
+    found=$(pgrep -P "$1" -f "$2" | tr '\n' ' ')
+    [ "$(wc -w <<<"$found")" -ge "$3" ] && break
+    sleep 0.05
+  done
+  echo "$found"
+}
