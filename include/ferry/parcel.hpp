@@ -61,7 +61,9 @@ class Upcalls {
  public:
   virtual ~Upcalls() = default;
   // Receiver: return one destination buffer per zero-copy chunk, of exactly zc_sizes[i] bytes.
-  // The buffers belong to the layer above; they are handed back in handle_parcel().
+  // The buffers belong to the layer above; they are handed back in handle_parcel(). Returning
+  // another number of chunks is a contract violation: that parcel is dropped and the
+  // background_work() call that made the upcall throws ferry::Error naming both counts.
   virtual std::vector<Chunk> allocate_zc_chunks(int source, const Chunk& nzc,
                                                 const std::vector<std::size_t>& zc_sizes) = 0;
   virtual void handle_parcel(int source, Parcel&& parcel) = 0;
@@ -121,7 +123,8 @@ class Parcelport {
   // "ofi/tcp;ofi_rxm", ...), the MPI library for the baselines.
   virtual std::string transport() const = 0;
   // Any thread. `parcel`'s chunks must stay valid until on_sent runs.
-  // Throws ferry::Error for an invalid destination or an oversize header.
+  // Throws ferry::Error for an invalid destination, an oversize header, or a chunk with a size
+  // but no data.
   virtual void send(int destination, Parcel&& parcel, SentCallback on_sent) = 0;
   // Any thread, typically idle workers. True if anything progressed.
   virtual bool background_work() = 0;

@@ -55,6 +55,7 @@
 #include "common/random.hpp"
 #include "ferry/error.hpp"
 #include "ferry/ferry.hpp"
+#include "parcel/check_parcel.hpp"
 #include "parcel/header.hpp"
 #include "parcel/progress_policy.hpp"
 
@@ -195,10 +196,23 @@ struct RecvState : State {
 };
 
 class FerryParcelport final : public Parcelport {
+  // The options' own ranges, checked before the runtime's collective set-up starts.
+  static const ParcelportOptions& checked(const ParcelportOptions& options) {
+    if (options.max_header != 0 && options.max_header < sizeof(ParcelHeader) + 8) {
+      throw Error("ParcelportOptions::max_header=" + std::to_string(options.max_header) + " is too small: 0 (the " +
+                  "device's eager limit) or at least " + std::to_string(sizeof(ParcelHeader) + 8) + " bytes");
+    }
+    if (options.header_recvs < 0 || options.header_recvs > 1024) {
+      throw Error("ParcelportOptions::header_recvs=" + std::to_string(options.header_recvs) + " is out of range: 0 (default " +
+                  std::to_string(kDefaultHeaderRecvs) + ") to 1024");
+    }
+    return options;
+  }
+
  public:
   FerryParcelport(const ParcelportOptions& options, Upcalls& upcalls)
       : upcalls_(upcalls),
-        settings_(option_table().resolve(options).settings),
+        settings_(option_table().resolve(checked(options)).settings),
         rt_(RuntimeOptions{.devices = options.devices}),
         iovec_(options.iovec),
         tags_(static_cast<std::size_t>(rt_.device_count())) {
@@ -217,16 +231,14 @@ class FerryParcelport final : public Parcelport {
       exposures_.push_back(rt_.expose(*cqs_.back(), static_cast<std::uint16_t>(kHeaderTarget + q)));
     }
     max_header_ = rt_.device(0).eager_limit();
-    if (options.max_header != 0 && options.max_header < max_header_) max_header_ = options.max_header;
     if (max_header_ < sizeof(ParcelHeader) + 8) {
-      throw Error("ParcelportOptions::max_header=" + std::to_string(options.max_header) + " is too small");
+      throw Error("the parcel header needs " + std::to_string(sizeof(ParcelHeader) + 8) + " bytes but the device's eager " +
+                  "limit is " + std::to_string(max_header_) + " (FERRY_PACKET_SIZE=" +
+                  std::to_string(core.packet_size) + ", FERRY_RDV_THRESHOLD=" + std::to_string(core.rdv_threshold) + ")");
     }
+    if (options.max_header != 0 && options.max_header < max_header_) max_header_ = options.max_header;
     for (auto& t : tags_) t.store(1, std::memory_order_relaxed);
     if (sendrecv_) {
-      if (options.header_recvs < 0 || options.header_recvs > 1024) {
-        throw Error("ParcelportOptions::header_recvs=" + std::to_string(options.header_recvs) + " is out of range: 0 (default " +
-                    std::to_string(kDefaultHeaderRecvs) + ") to 1024");
-      }
       const int k = options.header_recvs != 0 ? options.header_recvs : kDefaultHeaderRecvs;
       for (int d = 0; d < rt_.device_count(); ++d) {
         for (int i = 0; i < k; ++i) {
@@ -269,6 +281,7 @@ class FerryParcelport final : public Parcelport {
       throw Error("parcel send: destination=" + std::to_string(dest) + " is out of range; the job has " +
                   std::to_string(size()) + " ranks (0.." + std::to_string(size() - 1) + ")");
     }
+    check_parcel_chunks("parcel send", parcel);
     const int dev_index = thread_index() % rt_.device_count();
     Device& dev = *devs_[static_cast<std::size_t>(dev_index)];
     const std::size_t table = sizeof(ParcelHeader) + parcel.zc.size() * sizeof(std::uint64_t);

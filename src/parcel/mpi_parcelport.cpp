@@ -49,6 +49,7 @@
 #include "ferry/error.hpp"
 #include "ferry/parcel.hpp"
 #include "ferry/parcel_mpi.hpp"
+#include "parcel/check_parcel.hpp"
 #include "parcel/mpi_header.hpp"
 
 namespace ferry::parcel::detail {
@@ -232,10 +233,8 @@ void ensure_mpi_initialized() {
 
 class MpiParcelport final : public Parcelport {
  public:
+  // Made only by make_mpi_parcelport, which the registry calls under "mpi", "mpi_a" and "mpix".
   MpiParcelport(const ParcelportOptions& options, Upcalls& upcalls) : upcalls_(upcalls), kind_(options.kind) {
-    if (kind_ != "mpi" && kind_ != "mpi_a" && kind_ != "mpix") {
-      throw Error("MPI parcelport: kind '" + kind_ + "' is not one of mpi, mpi_a, mpix");
-    }
     max_header_ = options.max_header != 0 ? options.max_header : kDefaultMaxHeader;
     if (max_header_ < sizeof(MpiParcelHeader) || max_header_ > static_cast<std::size_t>(INT_MAX)) {
       throw Error("MPI parcelport: max_header=" + std::to_string(options.max_header) + " must lie in [" +
@@ -312,15 +311,7 @@ class MpiParcelport final : public Parcelport {
                   std::to_string(parcel.zc.size()) + " zero-copy chunk sizes but max_header is " +
                   std::to_string(max_header_));
     }
-    if (parcel.nzc.data == nullptr && parcel.nzc.size != 0) {
-      throw Error("send: nzc chunk has size " + std::to_string(parcel.nzc.size) + " but no data");
-    }
-    for (std::size_t i = 0; i < parcel.zc.size(); ++i) {
-      if (parcel.zc[i].data == nullptr && parcel.zc[i].size != 0) {
-        throw Error("send: zc chunk " + std::to_string(i) + " has size " + std::to_string(parcel.zc[i].size) +
-                    " but no data");
-      }
-    }
+    check_parcel_chunks("MPI parcelport send", parcel);
     sent_.fetch_add(1, std::memory_order_relaxed);
     if (aggregate_) {
       enqueue(destination, std::move(parcel), std::move(on_sent));

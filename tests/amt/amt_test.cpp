@@ -123,6 +123,22 @@ int main(int argc, char** argv) {
   } catch (const ferry::Error& e) {
     CHECK(std::string(e.what()).find("rank=" + std::to_string(n)) != std::string::npos, "message: %s", e.what());
   }
+  auto error_of = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const ferry::Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const std::string again = error_of([&] { rt.action("add", [](int a, int b) { return a - b; }); });
+  CHECK(again.find("action 'add' is already registered") != std::string::npos, "message: %s", again.c_str());
+  // Two names whose 64-bit FNV-1a hashes (the action ids) are equal: 0x8f2370314d6d4990.
+  CHECK(ferry::amt::detail::hash_name("8WfLGe3aPLL") == ferry::amt::detail::hash_name("YCJrBq4Je4I"), "the pair collides");
+  rt.action("8WfLGe3aPLL", [](int) {});
+  const std::string same_id = error_of([&] { rt.action("YCJrBq4Je4I", [](int) {}); });
+  CHECK(same_id.find("action 'YCJrBq4Je4I' has the same id as action '8WfLGe3aPLL'; rename one") != std::string::npos,
+        "message: %s", same_id.c_str());
   if (me == 0 && n > 1) {
     ferry::amt::Action<void, int> only{ferry::amt::detail::hash_name("only_on_zero"), "only_on_zero"};
     rt.async(1, only, 7);  // rank 1 never registers it: reported there at finalize

@@ -53,6 +53,9 @@ class DeviceHarness {
     return *h;
   }
 
+  // The one-rank runtime every device of the harness belongs to.
+  detail::RuntimeImpl& runtime() noexcept { return *runtime_; }
+
   // Feeds `frames`; then posts a few receives that match anything (one large, two small that
   // truncate, one empty) for tagged messages, and progresses again.
   ScriptResult run(std::vector<std::vector<unsigned char>> frames) {

@@ -149,4 +149,33 @@ TEST(HostileBytes, WellFormedTrafficOfEveryKindArrives) {
   EXPECT_TRUE(r.settled);
 }
 
+// Not wire bytes, but the same device: a put that asks for a notification on a transport that
+// cannot carry its 4 bytes of remote data is refused, naming the transport (every transport
+// built here carries 8).
+TEST(DeviceChecks, APutWithNotificationNeedsFourBytesOfRemoteData) {
+  detail::RuntimeImpl& rt = fuzz::DeviceHarness::get().runtime();
+  auto script = std::make_unique<fuzz::ScriptedTransport>(std::vector<Frame>{});
+  script->set_remote_data_bytes(2);
+  std::vector<std::unique_ptr<net::Transport>> transports;
+  transports.push_back(std::move(script));
+  detail::DeviceImpl dev(rt, 0, rt.config(), std::move(transports), std::vector<int>{0});
+  dev.start();
+  std::vector<unsigned char> region(64);
+  std::string what = "no error";
+  {
+    MemoryRegion mr = dev.register_memory(region.data(), region.size());
+    try {
+      (void)dev.post_put(
+          PutArgs{.rank = 0, .buffer = region.data(), .size = 8, .remote = mr.remote_key(), .notify = true});
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    // Without a notification the same put is accepted.
+    EXPECT_FALSE(dev.post_put(PutArgs{.rank = 0, .buffer = region.data(), .size = 8, .remote = mr.remote_key()}).is_failed());
+    for (int i = 0; i < 16 && dev.in_flight() != 0; ++i) (void)dev.progress();
+  }
+  EXPECT_NE(what.find("post_put: notify needs 4 bytes of remote data; transport scripted offers 2"), std::string::npos)
+      << what;
+}
+
 }  // namespace

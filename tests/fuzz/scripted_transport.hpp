@@ -36,6 +36,8 @@ class ScriptedTransport final : public net::Transport {
   }
 
   bool done() const noexcept { return frames_.empty(); }
+  // For tests of what a device refuses on a transport with fewer capabilities.
+  void set_remote_data_bytes(std::size_t n) noexcept { caps_.remote_data_bytes = n; }
 
   std::string address() const override { return {}; }
   void connect(const std::vector<std::string>&) override {}

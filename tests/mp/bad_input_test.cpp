@@ -80,6 +80,17 @@ TEST(BadInput, EveryInvalidArgumentIsNamedWithItsValue) {
                                      .notify_tag = 70000});
               }),
               HasSubstr("notify_tag=70000"));
+  EXPECT_THAT(error_of([&] {
+                return dev.post_put({.rank = peer, .buffer = local.data(), .size = 8, .remote = k, .notify = true,
+                                     .notify_target = {60000}});
+              }),
+              HasSubstr("post_put: notify_target=60000 is out of range; FERRY_MAX_TARGETS="));
+  {  // a key names the device its region was registered on (a real second device: below)
+    ferry::RemoteKey other_device = k;
+    other_device.device = 1;
+    EXPECT_THAT(error_of([&] { return dev.post_get({.rank = peer, .buffer = local.data(), .size = 8, .remote = other_device}); }),
+                HasSubstr("post_get: remote key was registered on device 1, but the operation uses device 0"));
+  }
   EXPECT_THAT(error_of([&] { return dev.register_memory(nullptr, 64); }), HasSubstr("data=null with size=64"));
   EXPECT_THAT(error_of([&] { return dev.register_memory(local.data(), 0); }), HasSubstr("register_memory: size=0"));
   if (rt().device_count() > 1) {  // a key is for the device that registered its region

@@ -148,6 +148,27 @@ int main(int argc, char** argv) {
     const std::string too_big = error_of(0, 5000);
     check(too_big.find("5000") != std::string::npos && too_big.find("header") != std::string::npos,
           "5000 zero-copy chunks: " + too_big);
+    if (t->name() == "ferry(iovec)") {
+      // 300 sizes fit the header, but not beside 301 rendezvous descriptors in one packet.
+      const std::string no_room = error_of(0, 300);
+      check(no_room.find("300 zero-copy chunks need a") != std::string::npos, "300 zero-copy chunks, iovec: " + no_room);
+    }
+    // A chunk with a size but no data is refused before a byte of it is read.
+    std::byte five[5]{};
+    auto null_chunk = [&](bool nzc) -> std::string {
+      Parcel p;
+      p.nzc = {nzc ? nullptr : five, 5};
+      if (!nzc) p.zc = {Chunk{&b, 1}, Chunk{nullptr, 7}};
+      try {
+        t->send(0, std::move(p), [] {});
+      } catch (const ferry::Error& e) {
+        return e.what();
+      }
+      return "no error";
+    };
+    const std::string null_nzc = null_chunk(true), null_zc = null_chunk(false);
+    check(null_nzc.find("nzc chunk has size 5 but no data") != std::string::npos, "nzc {null, 5}: " + null_nzc);
+    check(null_zc.find("zc chunk 1 has size 7 but no data") != std::string::npos, "zc[1] {null, 7}: " + null_zc);
   }
   std::vector<std::atomic<long>> sent_to(static_cast<std::size_t>(n));
   std::vector<std::atomic<int>> on_sent(static_cast<std::size_t>(threads * per_thread));

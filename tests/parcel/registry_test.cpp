@@ -7,6 +7,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/parcel.hpp"
+#include "make_error.hpp"
 
 using namespace ferry::parcel;
 
@@ -34,20 +35,8 @@ std::unique_ptr<Parcelport> make_other_stub(const ParcelportOptions& o, Upcalls&
   return std::make_unique<Stub>(o.kind + "-other");
 }
 
-struct NoUpcalls final : Upcalls {
-  std::vector<Chunk> allocate_zc_chunks(int, const Chunk&, const std::vector<std::size_t>&) override { return {}; }
-  void handle_parcel(int, Parcel&&) override {}
-};
-
-std::string error_of(const ParcelportOptions& o) {
-  NoUpcalls up;
-  try {
-    (void)make_parcelport(o, up);
-  } catch (const ferry::Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using test::NoUpcalls;
+using test::error_of;
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 

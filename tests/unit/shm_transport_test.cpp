@@ -512,4 +512,41 @@ TEST(ShmTransport, ForeignOrMalformedSegmentsAreRefused) {
   expect_error(a, "belongs to rank 0");
 }
 
+TEST(ShmTransport, ConnectChecksTheAddressListAndItsOwnEntry) {
+  auto t = make(0, 2, ShmCopy::automatic);
+  const auto error_of = [&](const std::vector<std::string>& addresses) -> std::string {
+    try {
+      t->connect(addresses);
+    } catch (const ferry::Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(error_of({t->address()}).find("connect got 1 addresses for a job of 2 ranks"), std::string::npos)
+      << error_of({t->address()});
+  // Another transport's address given as this rank's own.
+  auto other = make(0, 2, ShmCopy::automatic);
+  const std::string not_mine = error_of({other->address(), ""});
+  EXPECT_NE(not_mine.find("address of this rank (0) is not its own"), std::string::npos) << not_mine;
+}
+
+TEST(ShmTransport, RegisterMemoryRefusesANullBufferAndAWrappingRange) {
+  auto t = make(0, 1, ShmCopy::automatic);
+  const auto error_of = [&](const void* buf, std::size_t len) -> std::string {
+    try {
+      t->deregister(t->register_memory(buf, len, Access::remote_read));
+    } catch (const ferry::Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(error_of(nullptr, 64).find("register_memory of a null buffer with length 64"), std::string::npos)
+      << error_of(nullptr, 64);
+  const auto* high = reinterpret_cast<const void*>(UINTPTR_MAX - 15);
+  const std::string wraps = error_of(high, 32);
+  EXPECT_NE(wraps.find("of 32 bytes wraps around"), std::string::npos) << wraps;
+  char byte = 0;
+  EXPECT_EQ(error_of(&byte, 1), "no error");
+}
+
 }  // namespace
