@@ -138,6 +138,9 @@ class Parcelport {
   // Parcels sent / delivered so far by this rank (for termination detection).
   virtual std::uint64_t parcels_sent() const noexcept = 0;
   virtual std::uint64_t parcels_delivered() const noexcept = 0;
+  // Headers from the wire this rank dropped as malformed (each also logged with its sender's
+  // rank at FERRY_LOG=warn). A parcelport that checks nothing reports 0.
+  virtual std::uint64_t parcels_malformed() const noexcept { return 0; }
 };
 
 // ---- Choosing a parcelport by name (FERRY_PARCELPORT, ParcelportOptions::kind) ----------------

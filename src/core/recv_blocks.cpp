@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "common/cache_line.hpp"
+#include "common/limits.hpp"
 #include "common/spinlock.hpp"
 
 namespace ferry::detail::recv_blocks {
@@ -67,10 +68,8 @@ void* take(std::size_t size, std::size_t offset) noexcept {
     }
   }
   const std::size_t bytes = k < kClasses ? (std::size_t{1} << (k + kMinShift)) : size;
-  // No process can hold 2^47 bytes (the user half of a 48-bit address space): a size past
-  // that (a hostile peer's, say) fails here, without asking the allocator, whose sanitizer
-  // builds would stop the process rather than return null.
-  if (bytes >= (std::size_t{1} << 47)) return nullptr;
+  // A size no process can hold (a hostile peer's, say) fails here, without asking the allocator.
+  if (bytes >= kNoAllocation) return nullptr;
   // A cache line of slack at the end leaves room for any offset; aligned_alloc wants a
   // multiple of the alignment.
   const std::size_t total = (kPrefix + bytes + cache_line + cache_line - 1) / cache_line * cache_line;

@@ -275,6 +275,7 @@ class FerryParcelport final : public Parcelport {
   std::string transport() const override { return rt_.transport(); }
   std::uint64_t parcels_sent() const noexcept override { return sent_.load(std::memory_order_relaxed); }
   std::uint64_t parcels_delivered() const noexcept override { return delivered_.load(std::memory_order_relaxed); }
+  std::uint64_t parcels_malformed() const noexcept override { return malformed_.load(std::memory_order_relaxed); }
 
   void send(int dest, Parcel&& parcel, SentCallback on_sent) override {
     if (dest < 0 || dest >= size()) {
@@ -854,7 +855,10 @@ class FerryParcelport final : public Parcelport {
   void on_header(int source, Buffer header, std::vector<Buffer> parts) {
     const auto* base = static_cast<const std::byte*>(header.data());
     detail::HeaderView v;
-    if (!detail::check_header(base, header.size(), parts.size(), v)) {
+    // Without iovec, follow-ups are received on the header's tag, which next_tag never makes
+    // the header tag itself (such a receive could take the sender's next header) or past it.
+    if (!detail::check_header(base, header.size(), parts.size(), v) || (parts.empty() && v.h.tag >= kHeaderTag)) {
+      malformed_.fetch_add(1, std::memory_order_relaxed);
       FERRY_LOG_AT(warn, rank(), -1, "parcelport: dropped a malformed %zu-byte header from rank %d (%zu parts)",
                    header.size(), source, parts.size());
       return;
@@ -994,6 +998,7 @@ class FerryParcelport final : public Parcelport {
   // Counters for termination detection. Relaxed: read only as sums, after quiescence.
   std::atomic<std::uint64_t> sent_{0};
   std::atomic<std::uint64_t> delivered_{0};
+  std::atomic<std::uint64_t> malformed_{0};
   std::mutex deferred_mutex_;
   std::deque<std::function<bool()>> deferred_;
   std::atomic<std::size_t> deferred_count_{0};

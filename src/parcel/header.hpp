@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/limits.hpp"
+
 namespace ferry::parcel::detail {
 
 struct ParcelHeader {
@@ -44,7 +46,8 @@ inline bool check_header(const std::byte* base, std::size_t size, std::size_t pa
   if (parts != 0 && parts != std::size_t{out.h.zc_count} + (out.h.piggyback ? 0 : 1)) return false;
   out.sizes = base + sizeof(ParcelHeader);
   out.nzc = out.sizes + table;
-  return true;
+  // A size no allocation meets never reaches the application's allocate_zc_chunks.
+  return ferry::detail::sizes_allocatable(out.sizes, out.h.zc_count);
 }
 
 // Zero-copy size i of a checked header (i < zc_count).

@@ -15,15 +15,16 @@
 #include <cstring>
 #include <vector>
 
+#include "common/limits.hpp"
+
 namespace ferry::parcel::detail {
+
+using ferry::detail::kNoAllocation;
 
 inline constexpr std::uint32_t kMpiSignature = 0x46525931u;  // catches a header layout mismatch
 inline constexpr std::uint32_t kFlagPiggyback = 1u;          // the nzc follows the size table
 inline constexpr std::uint32_t kFlagAggregate = 2u;          // the nzc is an mpi_a index + several nzcs
 
-// An nzc this large cannot be a real one (no allocation meets it): refused before it reaches the
-// allocator, so a hostile size is a dropped header, not an allocation failure.
-inline constexpr std::uint64_t kMpiMaxNzc = std::uint64_t{1} << 47;
 
 struct MpiParcelHeader {
   std::uint32_t signature;
@@ -51,7 +52,9 @@ inline bool check_mpi_header(const std::byte* base, std::size_t size, MpiHeaderV
   if (base == nullptr || size < sizeof(MpiParcelHeader)) return false;
   std::memcpy(&out.h, base, sizeof out.h);
   if (out.h.signature != kMpiSignature || (out.h.flags & ~(kFlagPiggyback | kFlagAggregate)) != 0) return false;
-  if (out.h.nzc_size > kMpiMaxNzc || out.h.tag < 0) return false;
+  // Sizes no allocation meets are refused here, so a hostile size is a dropped header, never an
+  // allocation failure or a size handed to the application's allocate_zc_chunks.
+  if (out.h.nzc_size >= kNoAllocation || out.h.tag < 0) return false;
   const std::size_t room = size - sizeof(MpiParcelHeader);
   const std::size_t table = std::size_t{out.h.zc_count} * sizeof(std::uint64_t);
   if (table > room) return false;
@@ -59,7 +62,7 @@ inline bool check_mpi_header(const std::byte* base, std::size_t size, MpiHeaderV
   if (out.aggregate() && out.h.nzc_size < sizeof(std::uint64_t)) return false;
   out.sizes = base + sizeof(MpiParcelHeader);
   out.nzc = out.sizes + table;
-  return true;
+  return ferry::detail::sizes_allocatable(out.sizes, out.h.zc_count);
 }
 
 // Zero-copy size i of a checked header (i < zc_count).

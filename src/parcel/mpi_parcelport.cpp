@@ -352,6 +352,7 @@ class MpiParcelport final : public Parcelport {
 
   std::uint64_t parcels_sent() const noexcept override { return sent_.load(std::memory_order_relaxed); }
   std::uint64_t parcels_delivered() const noexcept override { return delivered_.load(std::memory_order_relaxed); }
+  std::uint64_t parcels_malformed() const noexcept override { return malformed_.load(std::memory_order_relaxed); }
 
  private:
   // mpi_a: HPX's per-destination parcel queue. The thread that enqueues tries to become the
@@ -573,7 +574,12 @@ class MpiParcelport final : public Parcelport {
   // follow-ups, if any, are never received); nullptr then.
   std::unique_ptr<ReceiverConnection> parse_header(Device& dev, int source, const std::byte* data, std::size_t len) {
     MpiHeaderView v;
-    if (!check_mpi_header(data, len, v)) {
+    // Follow-ups are received on the header's tag: past MPI_TAG_UB the receive would fail, and
+    // on the header tag it could take the sender's next header.
+    const bool ok = check_mpi_header(data, len, v);
+    const bool follow_ups = ok && (v.h.zc_count != 0 || !v.piggyback());
+    if (!ok || (follow_ups && (v.h.tag > tag_ub_ || v.h.tag == kHeaderTag))) {
+      malformed_.fetch_add(1, std::memory_order_relaxed);
       FERRY_LOG_AT(warn, rank_, -1,
                    "MPI parcelport: dropped a malformed %zu-byte header from rank %d (is max_header the same on "
                    "every rank?)",
@@ -642,6 +648,7 @@ class MpiParcelport final : public Parcelport {
       if (!c.zc_ready) {
         c.zc_ready = true;
         if (!allocate_zc(c)) {
+          malformed_.fetch_add(1, std::memory_order_relaxed);
           // Dropped: its zero-copy follow-ups are never received.
           FERRY_LOG_AT(warn, rank_, -1, "MPI parcelport: dropped an aggregate with a malformed index from rank %d",
                        c.source);
@@ -740,6 +747,7 @@ class MpiParcelport final : public Parcelport {
   std::atomic<std::uint64_t> tag_counter_{0};
   std::atomic<std::uint64_t> sent_{0};
   std::atomic<std::uint64_t> delivered_{0};
+  std::atomic<std::uint64_t> malformed_{0};
 };
 
 // options.kind selects the variant: "mpi", "mpi_a" (aggregation) or "mpix" (options.devices

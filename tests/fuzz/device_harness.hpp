@@ -58,7 +58,8 @@ class DeviceHarness {
 
   // Feeds `frames`; then posts a few receives that match anything (one large, two small that
   // truncate, one empty) for tagged messages, and progresses again.
-  ScriptResult run(std::vector<std::vector<unsigned char>> frames) {
+  // `copy_payloads` false leaves Delivered::bytes empty (the fuzz target reads none of them).
+  ScriptResult run(std::vector<std::vector<unsigned char>> frames, bool copy_payloads = true) {
     ScriptResult out;
     const std::size_t count = frames.size();
     auto owned = std::make_unique<ScriptedTransport>(std::move(frames));
@@ -70,7 +71,7 @@ class DeviceHarness {
       dev.start();
       for (std::size_t i = 0; i < 4 * count + 16 && !script->done(); ++i) (void)dev.progress();
       settle(dev);
-      drain(out);
+      drain(out, copy_payloads);
       const std::size_t sizes[4] = {sizeof buffers_[0], 64, 0, 3000};
       for (int k = 0; k < 4; ++k) {
         const Status st = dev.post_recv(
@@ -79,11 +80,11 @@ class DeviceHarness {
         if (st.is_done()) out.delivered.push_back(Delivered{OpKind::recv, st.rank, st.tag, st.size, 0, {}});
       }
       settle(dev);
-      drain(out);
+      drain(out, copy_payloads);
       out.malformed = dev.malformed();
       out.settled = dev.in_flight() == 0;
     }
-    drain(out);
+    drain(out, copy_payloads);
     return out;
   }
 
@@ -101,13 +102,18 @@ class DeviceHarness {
   }
 
   // Completions hold packets of the device's pool: each is copied out before the device goes.
-  void drain(ScriptResult& out) {
+  // Without the copy, a payload's first and last bytes are still read, so ASan sees a buffer
+  // shorter than the size it claims.
+  void drain(ScriptResult& out, bool copy_payloads) {
     while (auto c = inbox_.pop()) {
       const auto* b = static_cast<const unsigned char*>(c->buffer.data());
+      const std::size_t n = b != nullptr ? c->buffer.size() : 0;
+      if (!copy_payloads && n != 0) sink_ = static_cast<unsigned char>(b[0] ^ b[n - 1]);
       out.delivered.push_back(Delivered{c->op, c->rank, c->tag, c->size, c->error,
-                                        std::vector<unsigned char>(b, b + (b != nullptr ? c->buffer.size() : 0))});
+                                        copy_payloads ? std::vector<unsigned char>(b, b + n) : std::vector<unsigned char>{}});
     }
   }
+  volatile unsigned char sink_ = 0;
 
   std::unique_ptr<detail::RuntimeImpl> runtime_;
   CompletionQueue inbox_;

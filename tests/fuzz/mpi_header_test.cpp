@@ -70,10 +70,16 @@ TEST(MpiParcelHeader, ASizeTableOrAPiggybackedNzcThatDisagreesWithTheBytesIsRefu
   EXPECT_FALSE(d::check_mpi_header(trailing.data(), trailing.size(), v));
 }
 
-TEST(MpiParcelHeader, AnNzcNoAllocationMeetsIsRefusedBeforeTheAllocator) {
+TEST(MpiParcelHeader, ASizeNoAllocationMeetsIsRefusedBeforeTheAllocator) {
   d::MpiHeaderView v;
-  const auto huge = header(0, 0, d::kMpiMaxNzc + 1, 0);
+  const auto huge = header(0, 0, d::kNoAllocation, 0);
   EXPECT_FALSE(d::check_mpi_header(huge.data(), huge.size(), v));
+  const auto largest = header(0, 0, d::kNoAllocation - 1, 0);
+  EXPECT_TRUE(d::check_mpi_header(largest.data(), largest.size(), v));
+  auto zc = header(0, 2, 0, 16);  // the second zero-copy size: no allocation meets it
+  const std::uint64_t too_big = d::kNoAllocation;
+  std::memcpy(zc.data() + sizeof(d::MpiParcelHeader) + 8, &too_big, 8);
+  EXPECT_FALSE(d::check_mpi_header(zc.data(), zc.size(), v));
   const auto aggregate_without_index = header(d::kFlagAggregate | d::kFlagPiggyback, 0, 4, 4);
   EXPECT_FALSE(d::check_mpi_header(aggregate_without_index.data(), aggregate_without_index.size(), v));
 }

@@ -65,4 +65,13 @@ TEST(ParcelHeader, FewerBytesThanTheFixedPartAreRefused) {
   EXPECT_TRUE(check_header(b.data(), b.size(), 0, v));
 }
 
+TEST(ParcelHeader, AZeroCopySizeNoAllocationMeetsIsRefused) {
+  auto b = header(2, 0, true, 16);
+  HeaderView v;
+  ASSERT_TRUE(check_header(b.data(), b.size(), 0, v));
+  const std::uint64_t too_big = ferry::detail::kNoAllocation;
+  std::memcpy(b.data() + sizeof(ParcelHeader) + 8, &too_big, 8);
+  EXPECT_FALSE(check_header(b.data(), b.size(), 0, v));
+}
+
 }  // namespace

@@ -20,11 +20,11 @@ namespace {
 // has it (a size no allocation can meet completes with -ENOMEM; tested in
 // hostile_bytes_test.cpp). Under ASan each such allocation maps fresh pages and writes their
 // shadow, which at sizes up to 64 MiB held the target at about 450 inputs/s. Sizes are folded
-// below 1 MiB here (about 5 500 inputs/s): that is still four read budgets of the rendezvous
-// (kReadBudget, 256 KiB), so reads that span several progress calls are exercised; larger sizes
-// take the same code. Every other byte is left as the fuzzer made it.
+// below 320 KiB here: that still spans two read budgets of the rendezvous (kReadBudget,
+// 256 KiB), so reads that take several progress calls are exercised; larger sizes take the
+// same code. Every other byte is left as the fuzzer made it.
 void fold_sizes(std::vector<unsigned char>& f) {
-  constexpr std::uint64_t kMax = std::uint64_t{1} << 20;
+  constexpr std::uint64_t kMax = std::uint64_t{320} << 10;
   auto fold = [&f](std::size_t at) {
     std::uint64_t v;
     std::memcpy(&v, f.data() + at, sizeof v);
@@ -52,6 +52,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     fold_sizes(frames.back());
     at += n;
   }
-  (void)ferry::fuzz::DeviceHarness::get().run(std::move(frames));
+  (void)ferry::fuzz::DeviceHarness::get().run(std::move(frames), /*copy_payloads=*/false);
   return 0;
 }

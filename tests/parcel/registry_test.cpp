@@ -7,7 +7,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/parcel.hpp"
-#include "make_error.hpp"
+#include "test_support.hpp"
 
 using namespace ferry::parcel;
 

@@ -13,6 +13,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/parcel.hpp"
+#include "test_support.hpp"
 #ifdef FERRY_HAVE_PARCEL_MPI
 #include "ferry/parcel_mpi.hpp"
 #endif
@@ -38,14 +39,7 @@ class ShortUpcalls final : public Upcalls {
 
 int main(int argc, char** argv) {
   ParcelportOptions opt;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--parcelport") == 0 && i + 1 < argc) {
-      opt.kind = argv[++i];
-    } else {
-      std::fprintf(stderr, "upcall_contract: unknown argument '%s'\n", argv[i]);
-      return 2;
-    }
-  }
+  if (!test::parse_parcelport_argument("upcall_contract", argc, argv, opt)) return 2;
 #ifdef FERRY_HAVE_PARCEL_MPI
   register_mpi_parcelports();
 #endif
