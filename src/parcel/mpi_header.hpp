@@ -25,7 +25,6 @@ inline constexpr std::uint32_t kMpiSignature = 0x46525931u;  // catches a header
 inline constexpr std::uint32_t kFlagPiggyback = 1u;          // the nzc follows the size table
 inline constexpr std::uint32_t kFlagAggregate = 2u;          // the nzc is an mpi_a index + several nzcs
 
-
 struct MpiParcelHeader {
   std::uint32_t signature;
   std::int32_t tag;
