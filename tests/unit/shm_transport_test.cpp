@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "shm_test_util.hpp"
@@ -547,6 +548,104 @@ TEST(ShmTransport, RegisterMemoryRefusesANullBufferAndAWrappingRange) {
   EXPECT_NE(wraps.find("of 32 bytes wraps around"), std::string::npos) << wraps;
   char byte = 0;
   EXPECT_EQ(error_of(&byte, 1), "no error");
+}
+
+// Each field of a peer's segment header is checked against what its address and this process
+// expect; a segment written by another version or geometry is refused naming the field.
+TEST(ShmTransport, EachSegmentHeaderFieldIsChecked) {
+  using ferry::net::shm::Segment;
+  using ferry::net::shm::SegmentHeader;
+  Segment owner = Segment::create(0, 2, 0, kPayload, 256);
+  auto* h = reinterpret_cast<SegmentHeader*>(owner.base());
+  const SegmentHeader good = *h;
+  const auto error_of = [&](const ferry::net::shm::SegmentExpect& expect) -> std::string {
+    try {
+      Segment peer = Segment::open(owner.name(), expect);
+    } catch (const ferry::Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const ferry::net::shm::SegmentExpect expect{getpid(), 0, 0, kPayload};
+  ASSERT_EQ(error_of(expect), "no error");
+  const auto refused = [&](auto patch, const std::string& needle) {
+    *h = good;
+    patch(*h);
+    const std::string what = error_of(expect);
+    EXPECT_NE(what.find(needle), std::string::npos) << what;
+    *h = good;
+  };
+  refused([](SegmentHeader& x) { x.version += 1; }, "version ");
+  refused([](SegmentHeader& x) { x.owner_pid += 1; }, "owned by pid ");
+  refused([](SegmentHeader& x) { x.device = 3; }, "belongs to device 3, expected 0");
+  refused([](SegmentHeader& x) { x.cell_payload = kPayload / 2; }, "all ranks must use the same packet size");
+  refused([](SegmentHeader& x) { x.cells = 100; }, "cell count 100 is not a power of two");
+  refused([](SegmentHeader& x) { x.stride += 64; }, "inconsistent geometry");
+  refused([](SegmentHeader& x) { x.total_bytes *= 2; }, "inconsistent geometry");
+  // A name that exists but is too small to hold a header.
+  const std::string tiny = "/ferry-" + std::to_string(getpid()) + "-0-tiny";
+  const int fd = shm_open(tiny.c_str(), O_CREAT | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 100), 0);
+  close(fd);
+  try {
+    Segment peer = Segment::open(tiny, expect);
+    ADD_FAILURE() << "a 100-byte segment was accepted";
+  } catch (const ferry::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("only 100 bytes, smaller than a header"), std::string::npos) << e.what();
+  }
+  shm_unlink(tiny.c_str());
+}
+
+// Forced cross-memory attach (copy mode cma) that the probe cannot confirm is refused, naming
+// the rank and the mode that works without it.
+TEST(ShmTransport, ForcedCrossMemoryAttachThatFailsIsRefused) {
+  auto t = make(0, 2, ShmCopy::cma);
+  auto other = make(1, 2, ShmCopy::automatic);
+  // Rank 1's address with its probe address replaced by one no process maps (the last field).
+  std::string a = other->address();
+  a = a.substr(0, a.rfind(';') + 1) + "8";
+  try {
+    t->connect({t->address(), a});
+    ADD_FAILURE() << "connect accepted a probe that cannot be read: " << a;
+  } catch (const ferry::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cross-memory attach to rank 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the copy mode 'copy' works without it"), std::string::npos) << e.what();
+  }
+}
+
+// The owner's set-up failing for lack of resources, made with this process's own limits: no
+// descriptor left for shm_open, and a file size limit below the segment's size for ftruncate.
+// Each is an error naming the call and the segment, and no name is left in /dev/shm.
+TEST(ShmTransport, SegmentCreationFailuresAreNamed) {
+  using ferry::net::shm::Segment;
+  const auto error_with_limit = [](int resource, rlim_t soft) -> std::string {
+    rlimit saved{};
+    EXPECT_EQ(getrlimit(resource, &saved), 0);
+    rlimit low = saved;
+    low.rlim_cur = soft;
+    EXPECT_EQ(setrlimit(resource, &low), 0);
+    std::string what = "no error";
+    try {
+      Segment s = Segment::create(0, 2, 0, kPayload, 256);
+    } catch (const ferry::Error& e) {
+      what = e.what();
+    }
+    EXPECT_EQ(setrlimit(resource, &saved), 0);
+    return what;
+  };
+  const std::string no_fd = error_with_limit(RLIMIT_NOFILE, 0);
+  EXPECT_NE(no_fd.find("shm_open(\"/ferry-" + std::to_string(getpid()) + "-0-"), std::string::npos) << no_fd;
+  EXPECT_NE(no_fd.find("failed"), std::string::npos) << no_fd;
+  // Past RLIMIT_FSIZE, ftruncate fails with EFBIG and raises SIGXFSZ, ignored here.
+  struct sigaction ignore{}, saved{};
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(sigaction(SIGXFSZ, &ignore, &saved), 0);
+  const std::string too_big = error_with_limit(RLIMIT_FSIZE, 4096);
+  ASSERT_EQ(sigaction(SIGXFSZ, &saved, nullptr), 0);
+  EXPECT_NE(too_big.find("ftruncate of shm segment"), std::string::npos) << too_big;
+  EXPECT_NE(too_big.find("is /dev/shm large enough?"), std::string::npos) << too_big;
+  EXPECT_TRUE(segments_of(getpid()).empty()) << "a failed create left its name behind";
 }
 
 }  // namespace
