@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=60 runs="" out=""
-targets=(wire parcel_header mpi_header pmi_server pmi_reply)
+targets=(wire notify parcel_header mpi_header pmi_server pmi_reply)
 while (($#)); do
   case "$1" in
     --seconds) seconds=${2:?--seconds takes a number}; shift 2 ;;
@@ -21,7 +21,7 @@ while (($#)); do
   esac
 done
 for t in "${targets[@]}"; do
-  [ -f "tests/fuzz/${t}_fuzz.cpp" ] || { echo "fuzz.sh: --targets: '$t' is not a target; valid: wire, parcel_header, mpi_header, pmi_server, pmi_reply" >&2; exit 2; }
+  [ -f "tests/fuzz/${t}_fuzz.cpp" ] || { echo "fuzz.sh: --targets: '$t' is not a target; valid: wire, notify, parcel_header, mpi_header, pmi_server, pmi_reply" >&2; exit 2; }
 done
 scripts/deps.sh
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE=address -DFERRY_FUZZ=ON \

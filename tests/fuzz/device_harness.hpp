@@ -59,10 +59,12 @@ class DeviceHarness {
   // Feeds `frames`; then posts a few receives that match anything (one large, two small that
   // truncate, one empty) for tagged messages, and progresses again.
   // `copy_payloads` false leaves Delivered::bytes empty (the fuzz target reads none of them).
-  ScriptResult run(std::vector<std::vector<unsigned char>> frames, bool copy_payloads = true) {
+  // `notices` (remote writes with data: put notifications) arrive before the frames.
+  ScriptResult run(std::vector<std::vector<unsigned char>> frames, bool copy_payloads = true,
+                   std::vector<net::Event> notices = {}) {
     ScriptResult out;
-    const std::size_t count = frames.size();
-    auto owned = std::make_unique<ScriptedTransport>(std::move(frames));
+    const std::size_t count = frames.size() + notices.size();
+    auto owned = std::make_unique<ScriptedTransport>(std::move(frames), std::move(notices));
     ScriptedTransport* script = owned.get();
     std::vector<std::unique_ptr<net::Transport>> transports;
     transports.push_back(std::move(owned));

@@ -149,6 +149,36 @@ TEST(HostileBytes, WellFormedTrafficOfEveryKindArrives) {
   EXPECT_TRUE(r.settled);
 }
 
+// A put notification's rank (in its data, when the transport names none) and target come
+// from the wire: one naming a rank outside the job or a target past FERRY_MAX_TARGETS is
+// dropped and counted; a good one still reaches its target with its tag and size.
+TEST(HostileBytes, APutNotificationNamingNoRankOrTargetIsDropped) {
+  const auto notice = [](std::uint64_t data, std::size_t length, int rank) {
+    net::Event e;
+    e.remote_write = true;
+    e.data = data;
+    e.length = length;
+    e.rank = rank;
+    return e;
+  };
+  const std::uint64_t target1_tag7 = (std::uint64_t{1} << 16) | 7;
+  const auto r = fuzz::DeviceHarness::get().run({good_am(1, 0x5A)}, true,
+                                                {notice((std::uint64_t{5} << 32) | target1_tag7, 64, -1),  // rank 5 of 1
+                                                 notice(target1_tag7, 64, 3),                            // rank 3 of 1
+                                                 notice((std::uint64_t{60000} << 16) | 7, 64, 0),         // target 60000
+                                                 notice(target1_tag7, 48, -1)});                         // rank 0: good
+  EXPECT_EQ(r.malformed, 3u);
+  std::size_t puts = 0;
+  for (const auto& d : r.delivered) {
+    if (d.op != OpKind::remote_put) continue;
+    ++puts;
+    EXPECT_EQ(d.rank, 0);
+    EXPECT_EQ(d.tag, 7u);
+    EXPECT_EQ(d.size, 48u);
+  }
+  EXPECT_EQ(puts, 1u);
+}
+
 // Not wire bytes, but the same device: a put that asks for a notification on a transport that
 // cannot carry its 4 bytes of remote data is refused, naming the transport (every transport
 // built here carries 8).

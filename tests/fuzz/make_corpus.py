@@ -2,7 +2,8 @@
 """Writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/): for wire_fuzz,
 well-formed scripts of every message kind of ferry's core wire format (src/core/wire.hpp), each
 frame as [u16 little-endian length][bytes]; for parcel_header_fuzz, well-formed parcel headers;
-for mpi_header_fuzz, well-formed MPI parcelport headers, aggregates among them.
+for mpi_header_fuzz, well-formed MPI parcelport headers, aggregates among them; for notify_fuzz,
+put notifications as a transport reports them.
 The fuzzers mutate them; the replay tests run them as they are."""
 import os
 import struct
@@ -87,9 +88,22 @@ mpi_seeds = {
     "aggregate_apart": mpi_header([64], mpi_aggregate([(b"\x0f" * 30, 1)]), MPI_AGGREGATE),
 }
 
+def notice(target, tag, length, writer=None, rank_in_data=0):
+    """notify_fuzz's record: remote data (writer rank << 32 | target << 16 | tag), the bytes
+    written, and the rank the transport names (-1: none, the data carries it)."""
+    data = (rank_in_data << 32) | (target << 16) | tag
+    return struct.pack("<QQi", data, length, -1 if writer is None else writer)
+
+
+notify_seeds = {
+    "rank_in_data": notice(1, 7, 64),
+    "transport_names_writer": notice(2, 9, 4096, writer=0),
+    "several": notice(1, 1, 8) + notice(3, 2, 0, writer=0) + notice(0, 0xFFFF, 1 << 20),
+}
+
 root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "corpus")
 for target, files in (("wire", {n: script(f) for n, f in seeds.items()}), ("parcel_header", parcel_seeds),
-                      ("mpi_header", mpi_seeds)):
+                      ("mpi_header", mpi_seeds), ("notify", notify_seeds)):
     out = os.path.join(root, target)
     os.makedirs(out, exist_ok=True)
     for name, data in files.items():

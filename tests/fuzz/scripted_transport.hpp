@@ -3,7 +3,8 @@
 //
 // Every frame is delivered, in order, into the next posted receive as a message from rank 0
 // (truncated, with -EMSGSIZE, when longer than the receive, as a transport reports it). Sends
-// and RMA complete at the next poll without moving data (a get leaves its destination as it
+// and RMA complete at the next poll without moving data. Notices given at construction (put
+// notifications: remote writes with data) are reported first (a get leaves its destination as it
 // was: the bytes a hostile peer would supply are irrelevant to the receiver's bookkeeping);
 // injects are dropped. Single-threaded: the fuzz harness is the only caller.
 #pragma once
@@ -26,7 +27,9 @@ class ScriptedRegistration final : public net::Registration {
 
 class ScriptedTransport final : public net::Transport {
  public:
-  explicit ScriptedTransport(std::vector<std::vector<unsigned char>> frames) : frames_(frames.begin(), frames.end()) {
+  // `notices`: remote writes with data (put notifications) to report, before the frames.
+  explicit ScriptedTransport(std::vector<std::vector<unsigned char>> frames, std::vector<net::Event> notices = {})
+      : frames_(frames.begin(), frames.end()), done_(notices.begin(), notices.end()) {
     caps_.name = "scripted";
     caps_.inject_size = 4096;
     caps_.max_msg_size = std::size_t{1} << 30;
@@ -35,7 +38,7 @@ class ScriptedTransport final : public net::Transport {
     caps_.send_queue = 64;
   }
 
-  bool done() const noexcept { return frames_.empty(); }
+  bool done() const noexcept { return frames_.empty() && done_.empty(); }
   // For tests of what a device refuses on a transport with fewer capabilities.
   void set_remote_data_bytes(std::size_t n) noexcept { caps_.remote_data_bytes = n; }
 

@@ -3,6 +3,8 @@
 #include <cerrno>
 #include <string>
 
+#include "common/log.hpp"
+#include "core/runtime_impl.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::detail {
@@ -182,14 +184,26 @@ Status Rma::post(const RmaRequest& r) {
 }
 
 void Rma::on_notification(const net::Event& e) {
-  Completion c;
-  c.op = OpKind::remote_put;
   // With 8 bytes of remote data the writer's rank travels in the data (some providers, e.g.
   // rxm, give no source address for RMA completions); with 4 bytes the transport names it.
-  c.rank = e.rank >= 0 ? e.rank : static_cast<int>(e.data >> 32);
+  // Both come from the wire: a rank outside the job or a target past FERRY_MAX_TARGETS drops
+  // the notification (the data itself was written where the writer's key allowed).
+  const std::uint64_t rank = e.rank >= 0 ? static_cast<std::uint64_t>(e.rank) : e.data >> 32;
+  const auto target = static_cast<std::uint16_t>((e.data >> 16) & 0xFFFF);
+  RuntimeImpl& rt = dc_.runtime();
+  if (rank >= static_cast<std::uint64_t>(rt.size()) || target >= rt.max_targets()) {
+    FERRY_LOG_AT(warn, dc_.rank(), dc_.index(),
+                 "dropped a put notification naming rank %llu and target %u (the job has %d ranks, FERRY_MAX_TARGETS=%zu)",
+                 static_cast<unsigned long long>(rank), target, rt.size(), rt.max_targets());
+    dc_.count_malformed();
+    return;
+  }
+  Completion c;
+  c.op = OpKind::remote_put;
+  c.rank = static_cast<int>(rank);
   c.tag = static_cast<Tag>(e.data & 0xFFFF);
   c.size = e.length;
-  dc_.deliver(static_cast<std::uint16_t>((e.data >> 16) & 0xFFFF), std::move(c));
+  dc_.deliver(target, std::move(c));
 }
 
 void Rma::on_single(Packet* p, net::Transport* t, int error, bool abandoned) {
