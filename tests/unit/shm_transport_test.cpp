@@ -19,6 +19,12 @@ TEST(ShmTransport, ParametersAreChecked) {
   EXPECT_THROW(ShmTransport(ShmParams{0, 1, 0, kPayload, 100, ShmCopy::automatic}), ferry::Error);
   EXPECT_THROW(ShmTransport(ShmParams{0, 1, 0, 4, 256, ShmCopy::automatic}), ferry::Error);
   try {
+    ShmTransport t(ShmParams{0, 1, 0, kPayload, 256, static_cast<ShmCopy>(9)});
+    ADD_FAILURE() << "a copy mode outside the enum must be refused";
+  } catch (const ferry::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("copy mode 9 is not auto, cma or copy"), std::string::npos) << e.what();
+  }
+  try {
     ShmTransport t(ShmParams{0, 1, -1, kPayload, 256, ShmCopy::automatic});
     ADD_FAILURE() << "a negative device must be refused";
   } catch (const ferry::Error& e) {
