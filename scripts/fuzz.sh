@@ -10,6 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=60 runs="" out=""
+# FERRY_FUZZ_BUILD_DIR: another build directory, for a second run beside one in progress.
+bdir=${FERRY_FUZZ_BUILD_DIR:-build-fuzz}
 targets=(wire notify parcel_header mpi_header pmi_server pmi_reply)
 while (($#)); do
   case "$1" in
@@ -24,14 +26,14 @@ for t in "${targets[@]}"; do
   [ -f "tests/fuzz/${t}_fuzz.cpp" ] || { echo "fuzz.sh: --targets: '$t' is not a target; valid: wire, notify, parcel_header, mpi_header, pmi_server, pmi_reply" >&2; exit 2; }
 done
 scripts/deps.sh
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE=address -DFERRY_FUZZ=ON \
-  -DFERRY_BUILD_BENCH=OFF >build-fuzz.configure.log 2>&1 || { cat build-fuzz.configure.log; exit 1; }
-cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]/#/ferry-fuzz-}"
+CC=clang CXX=clang++ cmake -S . -B "$bdir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE=address -DFERRY_FUZZ=ON \
+  -DFERRY_BUILD_BENCH=OFF >"$bdir.configure.log" 2>&1 || { cat "$bdir.configure.log"; exit 1; }
+cmake --build "$bdir" -j"$(nproc)" --target "${targets[@]/#/ferry-fuzz-}"
 # A hostile size may ask for more memory than there is: ferry must see an allocation fail and
 # report it, not have the sanitizer abort the process.
 export ASAN_OPTIONS="allocator_may_return_null=1:detect_leaks=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-mkdir -p build-fuzz/crashes
+mkdir -p "$bdir/crashes"
 [ -n "$out" ] && mkdir -p "$out"
 per=$(( seconds / ${#targets[@]} ))
 (( per > 0 )) || per=1
@@ -40,10 +42,10 @@ for t in "${targets[@]}"; do
   work=$(mktemp -d)
   limit=(-max_total_time="$per")
   [ -n "$runs" ] && limit=(-runs="$runs")
-  log=build-fuzz/fuzz-$t.log
+  log="$bdir/fuzz-$t.log"
   echo "fuzz: $t (${limit[*]})"
-  if build-fuzz/bin/ferry-fuzz-$t "${limit[@]}" -timeout=10 -rss_limit_mb=4096 -malloc_limit_mb=65536 \
-       -print_final_stats=1 -artifact_prefix=build-fuzz/crashes/$t- "$work" tests/fuzz/corpus/$t >"$log" 2>&1; then
+  if "$bdir/bin/ferry-fuzz-$t" "${limit[@]}" -timeout=10 -rss_limit_mb=4096 -malloc_limit_mb=65536 \
+       -print_final_stats=1 -artifact_prefix="$bdir/crashes/$t-" "$work" tests/fuzz/corpus/$t >"$log" 2>&1; then
     echo "fuzz: $t: $(grep -m1 '^stat::number_of_executed_units' "$log" | awk '{print $2}') inputs, no failure"
   else
     status=1
