@@ -928,11 +928,15 @@ class FerryParcelport final : public Parcelport {
       deliver(r);
       return;
     }
+    // Nothing else refers to r yet: if the upcall throws or breaks its contract, the parcel is
+    // dropped with it.
+    std::unique_ptr<RecvState> dropped(r);
     r->parcel.zc = upcalls_.allocate_zc_chunks(r->source, r->parcel.nzc, r->sizes);
     if (r->parcel.zc.size() != r->sizes.size()) {
       throw Error("allocate_zc_chunks returned " + std::to_string(r->parcel.zc.size()) + " chunks for " +
                   std::to_string(r->sizes.size()));
     }
+    dropped.release();
     r->remaining.store(r->sizes.size(), std::memory_order_relaxed);
     for (std::size_t i = 0; i < r->sizes.size(); ++i) r->parcel.zc[i].size = r->sizes[i];
     post_recvs(r, r->parcel.zc);
