@@ -4,7 +4,7 @@
 # labels, and lists every source line holding a `throw` or returning a failed Status
 # (`Status::make_failed`) with how often it ran: reached, never reached, or compiled out of
 # this build (no code for the line). Writes throws.tsv and summary.txt to
-# results/throw-coverage-<time>/ (or --out DIR). About 10 minutes on 2 cores.
+# results/throw-coverage-<time>/ (or --out DIR). 10–15 minutes on 2 cores.
 #   scripts/throw-coverage.sh [--out DIR] [--exclude-labels REGEX]
 set -euo pipefail
 cd "$(dirname "$0")/.."
