@@ -230,18 +230,6 @@ bool DeviceImpl::post_barrier_step(int rank, std::uint32_t step) {
   return !send_packet(p, rank, kHeader).is_retry();
 }
 
-bool DeviceImpl::post_heartbeat(int rank, std::uint32_t step) {
-  if (peer_down(rank)) return true;
-  Link& l = link(rank);
-  if (l.inject_size < kHeader) return post_barrier_step(rank, step);
-  unsigned char frame[kHeader];
-  encode(frame, WireHeader{MsgKind::barrier, 0, 0, runtime_.rank(), step, 0});
-  const int rc = l.transport->inject(rank, frame, kHeader);
-  if (rc == -EAGAIN) return false;
-  if (rc != 0) (void)transport_error(l, "inject", rc, rank);
-  return true;
-}
-
 Status DeviceImpl::post_send(const SendArgs& a) {
   check(a);
   if (__builtin_expect(peer_down(a.rank), 0)) return Status::make_failed(a.rank);
@@ -401,7 +389,6 @@ void DeviceImpl::on_lent(Link& l, Packet* p, std::size_t length, const unsigned 
     pool_->put(p);
     return;
   }
-  runtime_.heard_from(src);
   p->arrived.length = static_cast<std::uint32_t>(length);
   if (p->data()[0] == static_cast<std::uint8_t>(MsgKind::frag)) {
     const Fragments::Whole w = fragments_.on_fragment(p, length, payload);
@@ -664,8 +651,7 @@ bool DeviceImpl::progress() {
   }
   // One increment and one test per call; the peer check (a clock read) every 1024 calls. After
   // the poll, so what a failed peer sent before it died is taken in before its operations fail.
-  const std::uint32_t calls = progress_calls_.load(std::memory_order_relaxed) + 1;
-  progress_calls_.store(calls, std::memory_order_relaxed);
+  const std::uint32_t calls = ++progress_calls_;
   if (__builtin_expect((calls & 1023) == 0, 0) || runtime_.failure_count() != failures_seen_) check_failures();
   run_deferred();
   // Relaxed: a stale zero only leaves the backlog to the next post or progress call.

@@ -110,14 +110,8 @@ class DeviceImpl : public DeviceContext {
   // lock this sweep also takes, and reads the flag after it, failing its own operation if set.
   void fail_peer(int rank);
 
-  // How many times progress() has polled (wrapping); any thread.
-  std::uint32_t progress_calls() const noexcept { return progress_calls_.load(std::memory_order_relaxed); }
   // Sends a Runtime::barrier step to `rank`; false when it must be retried.
   bool post_barrier_step(int rank, std::uint32_t step);
-  // Sends a barrier-kind heartbeat (Runtime's kAliveStep) to `rank` from this thread's stack,
-  // with no packet and past any fragment backlog: it carries no data to order, so only a full
-  // provider queue holds it back. False when it must be retried.
-  bool post_heartbeat(int rank, std::uint32_t step);
 
  private:
   // The checks of each post, inline on its fast path (validate runs the same ones). The
@@ -167,9 +161,7 @@ class DeviceImpl : public DeviceContext {
   Rma rma_;
   std::atomic<bool> finalized_{false};
   // Owned by the poll lock holder.
-  // Written only by the poll lock holder (a plain load and store); read by the keepalive
-  // thread to tell whether this device was progressed lately, for which relaxed suffices.
-  std::atomic<std::uint32_t> progress_calls_{0};
+  std::uint32_t progress_calls_ = 0;
   std::uint32_t failures_seen_ = 0;    // the runtime's failure count last acted on
   std::vector<std::uint8_t> handled_;  // by rank: fail_peer ran
 };

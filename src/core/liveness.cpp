@@ -91,20 +91,19 @@ bool parse_process_identity(const std::string& text, pid_t& pid, std::string& pi
 
 void Keepalive::start(int size, std::vector<int> peers, int timeout_ms, int check_ms) {
   peers_ = std::move(peers);
-  heard_ = std::make_unique<std::atomic<std::uint8_t>[]>(static_cast<std::size_t>(size));
-  for (int r = 0; r < size; ++r) heard_[static_cast<std::size_t>(r)].store(0, std::memory_order_relaxed);
+  heard_.assign(static_cast<std::size_t>(size), 0);
   silence_ns_.assign(peers_.size(), 0);
   reported_.assign(peers_.size(), false);
   timeout_ns_ = std::int64_t{timeout_ms} * 1000000;
   max_step_ns_ = std::int64_t{check_ms} * 2000000;
 }
 
-void Keepalive::check(std::int64_t elapsed_ns, bool progressed, std::vector<int>& silent) {
-  const std::int64_t step = progressed ? std::min(elapsed_ns, max_step_ns_) : 0;
+void Keepalive::check(std::int64_t elapsed_ns, std::vector<int>& silent) {
+  const std::int64_t step = std::clamp<std::int64_t>(elapsed_ns, 0, max_step_ns_);
   for (std::size_t i = 0; i < peers_.size(); ++i) {
-    std::atomic<std::uint8_t>& h = heard_[static_cast<std::size_t>(peers_[i])];
-    if (h.load(std::memory_order_relaxed) != 0) {
-      h.store(0, std::memory_order_relaxed);
+    std::uint8_t& h = heard_[static_cast<std::size_t>(peers_[i])];
+    if (h != 0) {
+      h = 0;
       silence_ns_[i] = 0;
       continue;
     }

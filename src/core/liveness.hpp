@@ -48,18 +48,14 @@ class PeerWatch {
 };
 
 // Silence detection for the peers on other hosts (FERRY_PEER_TIMEOUT_MS). Every process sends
-// each such peer a heartbeat every timeout/4 from a thread of its own (so a rank busy computing
-// still sends them); heard() records one, or any other message from the peer (under a flood a
-// heartbeat can wait long behind the sender's own messages). The same thread calls check()
-// every check interval: a peer not heard from for `timeout` of the time this rank was
-// progressing is named. A tick in which this rank did not progress at all (so could not poll
-// the heartbeats waiting for it) does not count, and one tick counts at most twice the
-// interval.
+// each such peer a heartbeat every timeout/4 on the keepalive's own channel (heartbeats.hpp),
+// from a thread of its own that also polls the channel, so neither a rank busy computing nor a
+// flood of data on either side delays them; heard() records one. The same thread calls check()
+// every check interval: a peer not heard from for `timeout` is named. One tick counts at most
+// twice the interval, so a checker that was itself stopped or starved blames nobody for it.
 //
-// Concurrency: heard() by any thread (a relaxed flag: the checker only needs to see it by its
-// next check, and a heartbeat carries no data to order; a heartbeat whose flag check() clears
-// just as it is set only counts one interval later); start() before, check() only by the
-// keepalive thread.
+// Concurrency: none; start(), heard() and check() by the keepalive thread (start() may come
+// before the thread does).
 class Keepalive {
  public:
   Keepalive() = default;
@@ -67,20 +63,18 @@ class Keepalive {
   // checks come every `check_ms`.
   void start(int size, std::vector<int> peers, int timeout_ms, int check_ms);
   void heard(int rank) noexcept {
-    if (heard_ == nullptr) return;
-    std::atomic<std::uint8_t>& h = heard_[static_cast<std::size_t>(rank)];
-    if (h.load(std::memory_order_relaxed) == 0) h.store(1, std::memory_order_relaxed);  // no line bouncing when set
+    if (rank >= 0 && static_cast<std::size_t>(rank) < heard_.size()) heard_[static_cast<std::size_t>(rank)] = 1;
   }
-  // `elapsed_ns` since the last check, `progressed`: whether this rank polled meanwhile.
-  // Appends to `silent` each watched peer silent for the timeout; each is named once.
-  void check(std::int64_t elapsed_ns, bool progressed, std::vector<int>& silent);
+  // `elapsed_ns` since the last check. Appends to `silent` each watched peer silent for the
+  // timeout; each is named once.
+  void check(std::int64_t elapsed_ns, std::vector<int>& silent);
   const std::vector<int>& peers() const noexcept { return peers_; }
   bool empty() const noexcept { return peers_.empty(); }
   int timeout_ms() const noexcept { return static_cast<int>(timeout_ns_ / 1000000); }
 
  private:
   std::vector<int> peers_;
-  std::unique_ptr<std::atomic<std::uint8_t>[]> heard_;  // by rank
+  std::vector<std::uint8_t> heard_;                      // by rank: heard since the last check
   std::vector<std::int64_t> silence_ns_;                 // by index in peers_
   std::vector<bool> reported_;                           // by index in peers_
   std::int64_t timeout_ns_ = 0;

@@ -258,9 +258,9 @@ const RuntimeOptionTable& runtime_option_table() {
                   "and the keepalive checks the peers on other hosts (FERRY_PEER_TIMEOUT_MS)"},
                  &O::peer_check_ms, &S::peer_check_ms),
           option({"peer_timeout_ms", "FERRY_PEER_TIMEOUT_MS", T::count, "4000", {}, 0, 86400000, nullptr,
-                  "a peer on another host not heard from for this many milliseconds while this rank progresses "
-                  "is failed (its host or process down, the link cut); each process sends each such peer a "
-                  "heartbeat every quarter of it from a thread of its own; 0: off (such a peer then fails only "
+                  "a peer on another host from which no heartbeat came for this many milliseconds is failed "
+                  "(its host or process down, the link cut); each process sends each such peer a heartbeat "
+                  "every quarter of it, on an endpoint of its own, from a thread of its own; 0: off (such a peer then fails only "
                   "by its transport's errors); at least 4 x FERRY_PEER_CHECK_MS; the same on every rank"},
                  &O::peer_timeout_ms, &S::peer_timeout_ms),
           option({"launcher_watch", "FERRY_LAUNCHER_WATCH", T::boolean, "1", {}, 0, 0, nullptr,

@@ -1,6 +1,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
@@ -178,6 +179,15 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   for (int r = 0; r < size_; ++r) {
     route[static_cast<std::size_t>(r)] = plan.shm && plan.on_host[static_cast<std::size_t>(r)] ? shm_index : ofi_index;
   }
+  // The peers on other hosts, which the keepalive watches through a channel of its own. Every
+  // rank agrees whether there is one: each has peers away exactly when the job spans two hosts.
+  std::vector<int> away;
+  for (int r = 0; r < size_; ++r)
+    if (!plan.on_host[static_cast<std::size_t>(r)]) away.push_back(r);
+  if (config_.peer_timeout_ms != 0 && !away.empty()) {
+    heartbeats_ = std::make_unique<HeartbeatChannel>(net::ofi::make_transport(*fabric_), rank_, size_);
+    boot_->put("ferry.alive", heartbeats_->address());
+  }
   for (int d = 0; d < config_.devices; ++d) {
     std::vector<std::unique_ptr<net::Transport>> transports;
     if (plan.ofi) transports.push_back(net::ofi::make_transport(*fabric_));
@@ -206,28 +216,27 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
     dev.start();
     handles_.push_back(Device(&dev, lock_models_[static_cast<std::size_t>(d)].get()));
   }
+  if (heartbeats_ != nullptr) {
+    std::vector<std::string> addresses(static_cast<std::size_t>(size_));
+    for (int r : away) addresses[static_cast<std::size_t>(r)] = boot_->get(r, "ferry.alive");
+    heartbeats_->connect(addresses);
+  }
   // Every rank has its receives posted before anyone sends, and every peer has attached to
   // this rank's shared memory, which can now go from the namespace.
   boot_->barrier();
   for (auto& dev : devices_) {
     for (std::size_t t = 0; t < dev->transport_count(); ++t) dev->transport(t).connected();
   }
-  if (config_.peer_timeout_ms != 0) {
-    std::vector<int> away;
-    for (int r = 0; r < size_; ++r)
-      if (!plan.on_host[static_cast<std::size_t>(r)]) away.push_back(r);
-    if (!away.empty()) {
-      keepalive_.start(size_, std::move(away), config_.peer_timeout_ms, config_.peer_check_ms);
-      keepalive_thread_ = std::thread([this] { keep_alive(); });
-    }
+  if (heartbeats_ != nullptr) {
+    heartbeats_->connected();
+    keepalive_.start(size_, std::move(away), config_.peer_timeout_ms, config_.peer_check_ms);
+    keepalive_thread_ = std::thread([this] { keep_alive(); });
   }
   progress_threads_ = start_progress_threads(config_, handles_);
 }
 
 void RuntimeImpl::barrier_arrived(int src, std::uint32_t step) noexcept {
   if (src < 0 || src >= size_) return;
-  keepalive_.heard(src);
-  if (step == kAliveStep) return;
   if (step == kDepartStep) {
     departed_[static_cast<std::size_t>(src)].store(1, std::memory_order_relaxed);
     return;
@@ -334,55 +343,78 @@ void RuntimeImpl::depart() noexcept {
   }
 }
 
-// Every check interval: a heartbeat to each peer on another host that has neither failed nor
-// departed, when a quarter of the timeout has passed since the last; then the silence check.
-// From a thread of its own, not from progress: a rank that computes for a while without
-// calling progress is still heard, and a flood that makes progress calls slow does not slow
-// the check. A full provider queue gets a few tries 1 ms apart (progress by the application
-// frees it); a heartbeat missed is made up at the next beat.
+// Every check interval: the keepalive channel polled (each heartbeat arrived marks its sender
+// heard; a departing one marks it departed), a heartbeat to each peer on another host that has
+// neither failed nor departed once a quarter of the timeout has passed since its last, then
+// the silence check. From a thread of its own, not from progress: a rank that computes for a
+// while without calling progress is still heard and still hears. A heartbeat refused for now
+// (a full queue, a connection still being made) is tried again at the next tick. When the
+// thread stops (finalize), each such peer gets a departing heartbeat, so the silence that
+// follows is not taken for a failure even before the departure message on the data path,
+// behind whatever this rank sent last, reaches it.
 void RuntimeImpl::keep_alive() noexcept {
   using Clock = std::chrono::steady_clock;
   const auto tick = std::chrono::milliseconds(config_.peer_check_ms);
   const auto beat_every = std::chrono::milliseconds(std::max(1, keepalive_.timeout_ms() / 4));
-  DeviceImpl& dev = *devices_[0];  // heartbeats and barrier steps travel on device 0
-  std::uint32_t seen_calls = dev.progress_calls();
-  Clock::time_point last_check = Clock::now(), last_beat{};
+  const std::vector<int>& peers = keepalive_.peers();
+  std::vector<Clock::time_point> next_beat(peers.size(), Clock::time_point{});
+  Clock::time_point last_check = Clock::now();
   std::vector<int> silent;
+  std::vector<HeartbeatChannel::Arrived> arrived;
+  arrived.reserve(64);
   bool warned = false;
+  auto gone = [this](int r) { return failed(r) || departed_[static_cast<std::size_t>(r)].load(std::memory_order_relaxed) != 0; };
   std::unique_lock<std::mutex> lock(keepalive_mutex_);
-  while (!keepalive_wake_.wait_for(lock, tick, [this] { return keepalive_stop_; })) {
+  for (bool first = true;; first = false) {
+    if (!first && keepalive_wake_.wait_for(lock, tick, [this] { return keepalive_stop_; })) break;
     lock.unlock();
-    const Clock::time_point now = Clock::now();
-    if (now - last_beat >= beat_every) {
-      last_beat = now;
-      for (int r : keepalive_.peers()) {
-        if (failed(r) || departed_[static_cast<std::size_t>(r)].load(std::memory_order_relaxed) != 0) continue;
-        try {
-          for (int i = 0; i < 20 && !dev.post_heartbeat(r, kAliveStep); ++i) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          }
-        } catch (const std::exception& e) {
-          if (!warned) FERRY_LOG_AT(warn, rank_, -1, "a heartbeat to rank %d failed: %s", r, e.what());
+    try {
+      arrived.clear();
+      heartbeats_->poll(arrived);
+      for (const HeartbeatChannel::Arrived& a : arrived) {
+        keepalive_.heard(a.rank);
+        if (a.kind == Beat::departing) departed_[static_cast<std::size_t>(a.rank)].store(1, std::memory_order_relaxed);
+      }
+      const Clock::time_point now = Clock::now();
+      for (std::size_t i = 0; i < peers.size(); ++i) {
+        if (now < next_beat[i] || gone(peers[i])) continue;
+        const int rc = heartbeats_->send(peers[i], Beat::alive);
+        if (rc == -EAGAIN) continue;  // due again at the next tick
+        next_beat[i] = now + beat_every;
+        if (rc != 0 && !warned) {
+          FERRY_LOG_AT(warn, rank_, -1, "a heartbeat to rank %d failed: %s", peers[i],
+                       net::error_text("inject", rc).c_str());
           warned = true;
         }
       }
-    }
-    const std::uint32_t calls = dev.progress_calls();
-    const std::int64_t elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_check).count();
-    last_check = now;
-    silent.clear();
-    try {
-      keepalive_.check(elapsed, calls != seen_calls, silent);
+      const std::int64_t elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_check).count();
+      last_check = now;
+      silent.clear();
+      keepalive_.check(elapsed, silent);
       for (int r : silent) {
-        peer_failed(r, "nothing heard from it for " + std::to_string(keepalive_.timeout_ms()) +
+        peer_failed(r, "no heartbeat from it for " + std::to_string(keepalive_.timeout_ms()) +
                            " ms (FERRY_PEER_TIMEOUT_MS): its host, its process or the link to it is down");
       }
-    } catch (...) {
-      // out of memory; a peer named in `silent` but not failed is lost for this check only if
-      // building the message threw, which leaves its failure to its transport or the watch
+    } catch (const std::exception& e) {
+      // Out of memory, or a transport error while polling: the check is tried again at the
+      // next tick; a peer in `silent` not yet failed is named then.
+      if (!warned) FERRY_LOG_AT(warn, rank_, -1, "keepalive: %s", e.what());
+      warned = true;
     }
-    seen_calls = calls;
     lock.lock();
+  }
+  lock.unlock();
+  // Departing: best effort, a few polls to let the channel send them.
+  for (int r : peers) {
+    if (!gone(r)) (void)heartbeats_->send(r, Beat::departing);
+  }
+  arrived.clear();
+  for (int i = 0; i < 5; ++i) {
+    try {
+      heartbeats_->poll(arrived);
+    } catch (...) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
 
@@ -462,6 +494,7 @@ RuntimeImpl::~RuntimeImpl() {
   } catch (...) {
   }
   stop_keepalive();  // finalize threw before it stopped it
+  heartbeats_.reset();
   handles_.clear();
   lock_models_.clear();  // an offload thread must be gone before its device's endpoint
   devices_.clear();

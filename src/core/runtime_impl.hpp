@@ -20,6 +20,7 @@
 #include "bootstrap/bootstrap.hpp"
 #include "core/config.hpp"
 #include "core/device.hpp"
+#include "core/heartbeats.hpp"
 #include "core/liveness.hpp"
 #include "core/lock_model.hpp"
 #include "core/progress.hpp"
@@ -51,15 +52,9 @@ class RuntimeImpl {
   void barrier();
   // A barrier step arrived from `src`; the step kDepartStep says the sender finalized.
   void barrier_arrived(int src, std::uint32_t step) noexcept;
-  // Any message from `src` (checked valid) proves it alive to the keepalive: a peer whose
-  // heartbeats wait behind its own flood in a full send queue is still heard.
-  void heard_from(int src) noexcept { keepalive_.heard(src); }
   // The barrier-kind message a finalizing rank sends every peer before its process may end:
   // its end is a departure, not a failure (see check_peers). Barrier steps use tags below 512.
   static constexpr std::uint32_t kDepartStep = 0x10000;
-  // The heartbeat to a peer on another host (see Keepalive); every barrier-kind message from a
-  // peer counts as hearing from it.
-  static constexpr std::uint32_t kAliveStep = 0x10001;
 
   // Peer failure (see Runtime::failed_ranks). peer_failed() records that `rank` failed, once,
   // and tells every device (each acts on it in its next progress, under its poll lock).
@@ -104,6 +99,9 @@ class RuntimeImpl {
   int rank_ = 0;
   int size_ = 1;
   std::unique_ptr<net::ofi::Fabric> fabric_;  // null when no peer is reached through libfabric
+  // The keepalive's channel (on fabric_), when the job spans hosts and FERRY_PEER_TIMEOUT_MS
+  // is not 0; used only by the keepalive thread once it runs.
+  std::unique_ptr<HeartbeatChannel> heartbeats_;
   std::vector<std::unique_ptr<DeviceImpl>> devices_;
   // Per device, its lock model or null (lockless). Declared after devices_, so destroyed
   // before them: an offload thread stops before its device's endpoint closes.

@@ -3,7 +3,8 @@
 well-formed scripts of every message kind of ferry's core wire format (src/core/wire.hpp), each
 frame as [u16 little-endian length][bytes]; for parcel_header_fuzz, well-formed parcel headers;
 for mpi_header_fuzz, well-formed MPI parcelport headers, aggregates among them; for notify_fuzz,
-put notifications as a transport reports them.
+put notifications as a transport reports them; for heartbeat_fuzz, keepalive heartbeats, each
+frame as [u8 length][bytes].
 The fuzzers mutate them; the replay tests run them as they are."""
 import os
 import struct
@@ -101,9 +102,23 @@ notify_seeds = {
     "several": notice(1, 1, 8) + notice(3, 2, 0, writer=0) + notice(0, 0xFFFF, 1 << 20),
 }
 
+def beat(kind, rank=0):
+    """A keepalive heartbeat (src/core/heartbeats.hpp): magic, kind, padding, sender rank."""
+    frame = struct.pack("<IB3xII", 0x42485246, kind, rank, 0)
+    return bytes([len(frame)]) + frame
+
+
+heartbeat_seeds = {
+    "alive": beat(1),
+    "departing": beat(2),
+    "many": beat(1) * 40 + beat(2),
+    "other_sender": beat(1, rank=3) + beat(1),
+}
+
 root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "corpus")
 for target, files in (("wire", {n: script(f) for n, f in seeds.items()}), ("parcel_header", parcel_seeds),
-                      ("mpi_header", mpi_seeds), ("notify", notify_seeds)):
+                      ("mpi_header", mpi_seeds), ("notify", notify_seeds),
+                      ("heartbeat", heartbeat_seeds)):
     out = os.path.join(root, target)
     os.makedirs(out, exist_ok=True)
     for name, data in files.items():

@@ -22,12 +22,12 @@ Keepalive watching_two_and_three() {
 TEST(Keepalive, APeerSilentForTheTimeoutIsNamedOnce) {
   Keepalive k = watching_two_and_three();
   std::vector<int> silent;
-  for (int i = 0; i < 9; ++i) k.check(100 * kMs, true, silent);
+  for (int i = 0; i < 9; ++i) k.check(100 * kMs, silent);
   EXPECT_TRUE(silent.empty()) << "named after 900 ms of a 1000 ms timeout";
-  k.check(100 * kMs, true, silent);
+  k.check(100 * kMs, silent);
   EXPECT_EQ(silent, (std::vector<int>{2, 3}));
   silent.clear();
-  for (int i = 0; i < 20; ++i) k.check(100 * kMs, true, silent);
+  for (int i = 0; i < 20; ++i) k.check(100 * kMs, silent);
   EXPECT_TRUE(silent.empty()) << "a peer is named only once";
 }
 
@@ -36,32 +36,43 @@ TEST(Keepalive, AHeartbeatRestartsTheSilence) {
   std::vector<int> silent;
   for (int i = 0; i < 30; ++i) {
     k.heard(3);  // rank 3 beats every check, rank 2 never
-    k.check(100 * kMs, true, silent);
+    k.check(100 * kMs, silent);
   }
   EXPECT_EQ(silent, (std::vector<int>{2}));
 }
 
-TEST(Keepalive, TimeWithoutProgressDoesNotCount) {
-  // A rank that did not poll cannot have seen its peers' heartbeats: that time blames nobody.
+TEST(Keepalive, OnlyHeartbeatsHeardSinceTheLastCheckCount) {
+  // A heartbeat heard once restarts the silence once: it does not shield its sender later.
   Keepalive k = watching_two_and_three();
   std::vector<int> silent;
-  for (int i = 0; i < 100; ++i) k.check(100 * kMs, false, silent);
+  k.heard(2);
+  k.heard(3);
+  k.check(100 * kMs, silent);
+  for (int i = 0; i < 9; ++i) k.check(100 * kMs, silent);
   EXPECT_TRUE(silent.empty());
-  for (int i = 0; i < 9; ++i) k.check(100 * kMs, true, silent);
-  EXPECT_TRUE(silent.empty());
-  k.check(100 * kMs, true, silent);
-  EXPECT_EQ(silent.size(), 2u);
+  k.check(100 * kMs, silent);
+  EXPECT_EQ(silent, (std::vector<int>{2, 3}));
+}
+
+TEST(Keepalive, RanksOutsideTheJobAreIgnored) {
+  Keepalive k = watching_two_and_three();
+  k.heard(-1);
+  k.heard(4);
+  k.heard(1 << 30);
+  std::vector<int> silent;
+  for (int i = 0; i < 10; ++i) k.check(100 * kMs, silent);
+  EXPECT_EQ(silent, (std::vector<int>{2, 3}));
 }
 
 TEST(Keepalive, OneLongGapCountsAtMostTwoIntervals) {
   // A checker that slept 10 s (a stopped process, an overloaded machine) counts 200 ms of it.
   Keepalive k = watching_two_and_three();
   std::vector<int> silent;
-  k.check(10000 * kMs, true, silent);
+  k.check(10000 * kMs, silent);
   EXPECT_TRUE(silent.empty());
-  for (int i = 0; i < 7; ++i) k.check(100 * kMs, true, silent);
+  for (int i = 0; i < 7; ++i) k.check(100 * kMs, silent);
   EXPECT_TRUE(silent.empty());
-  k.check(100 * kMs, true, silent);
+  k.check(100 * kMs, silent);
   EXPECT_EQ(silent.size(), 2u);
 }
 
@@ -71,7 +82,7 @@ TEST(Keepalive, WithNoPeersNothingIsWatched) {
   k.heard(1);  // not started: ignored
   k.start(2, {}, 1000, 100);
   std::vector<int> silent;
-  k.check(5000 * kMs, true, silent);
+  k.check(5000 * kMs, silent);
   EXPECT_TRUE(silent.empty());
 }
 

@@ -1,0 +1,128 @@
+#include "core/heartbeats.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "common/log.hpp"
+#include "ferry/error.hpp"
+
+namespace ferry::detail {
+
+namespace {
+
+constexpr std::size_t kSlots = 32;  // a few beats per watched peer between two polls
+
+void put_u32(unsigned char* at, std::uint32_t v) noexcept {
+  for (int i = 0; i < 4; ++i) at[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+
+std::uint32_t get_u32(const unsigned char* at) noexcept {
+  std::uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= std::uint32_t{at[i]} << (8 * i);
+  return v;
+}
+
+}  // namespace
+
+void encode_beat(unsigned char (&out)[kBeatBytes], Beat kind, int rank) noexcept {
+  std::memset(out, 0, sizeof out);
+  put_u32(out, kBeatMagic);
+  out[4] = static_cast<unsigned char>(kind);
+  put_u32(out + 8, static_cast<std::uint32_t>(rank));
+}
+
+bool decode_beat(const unsigned char* data, std::size_t length, int size, int source, Beat& kind,
+                 int& rank) noexcept {
+  if (data == nullptr || length != kBeatBytes || get_u32(data) != kBeatMagic) return false;
+  if (data[4] != static_cast<unsigned char>(Beat::alive) && data[4] != static_cast<unsigned char>(Beat::departing)) {
+    return false;
+  }
+  if (data[5] != 0 || data[6] != 0 || data[7] != 0 || get_u32(data + 12) != 0) return false;
+  const std::uint32_t r = get_u32(data + 8);
+  if (r >= static_cast<std::uint32_t>(size)) return false;
+  if (source >= 0 && static_cast<std::uint32_t>(source) != r) return false;
+  kind = static_cast<Beat>(data[4]);
+  rank = static_cast<int>(r);
+  return true;
+}
+
+HeartbeatChannel::HeartbeatChannel(std::unique_ptr<net::Transport> transport, int rank, int size)
+    : transport_(std::move(transport)), rank_(rank), size_(size) {
+  if (transport_->caps().inject_size < kBeatBytes) {
+    throw Error("the keepalive's channel over " + transport_->caps().name + " cannot inject " +
+                std::to_string(kBeatBytes) + "-byte heartbeats (inject size " +
+                std::to_string(transport_->caps().inject_size) + "); set FERRY_PEER_TIMEOUT_MS=0 to run without it");
+  }
+  slot_count_ = kSlots;
+  slots_ = std::make_unique<Slot[]>(slot_count_);
+  if (transport_->caps().local_registration) {
+    registration_ = transport_->register_memory(slots_.get(), sizeof(Slot) * slot_count_, net::Access::recv);
+  }
+}
+
+HeartbeatChannel::~HeartbeatChannel() {
+  transport_->cancel_all();
+  transport_->close();
+  if (registration_ != nullptr) transport_->deregister(registration_);
+}
+
+void HeartbeatChannel::connect(const std::vector<std::string>& addresses) {
+  transport_->connect(addresses);
+  for (std::size_t i = 0; i < slot_count_; ++i) post(i);
+  posted_ = true;
+}
+
+void HeartbeatChannel::post(std::size_t slot) {
+  Slot& s = slots_[slot];
+  s.context.set_kind(CtxKind::recv_packet);
+  const int rc = transport_->post_recv(s.buffer, sizeof s.buffer, registration_ != nullptr ? registration_->desc() : nullptr,
+                                       &s.context);
+  // A receive not reposted leaves one slot fewer; the provider queues what arrives meanwhile.
+  if (rc != 0) FERRY_LOG_AT(warn, rank_, -1, "keepalive channel: %s", net::error_text("post_recv", rc).c_str());
+}
+
+int HeartbeatChannel::send(int rank, Beat kind) noexcept {
+  unsigned char frame[kBeatBytes];
+  encode_beat(frame, kind, rank_);
+  return transport_->inject(rank, frame, sizeof frame);
+}
+
+void HeartbeatChannel::poll(std::vector<Arrived>& arrived) {
+  if (!posted_) return;
+  net::Event events[16];
+  // At most a few rounds of receives per call: a peer that floods the channel cannot keep the
+  // keepalive thread from its checks.
+  for (std::size_t seen = 0; seen < 4 * slot_count_;) {
+    const int n = transport_->poll(events, 16);
+    if (n <= 0) return;
+    seen += static_cast<std::size_t>(n);
+    for (int i = 0; i < n; ++i) {
+      const net::Event& e = events[i];
+      // Only receives carry a context here (heartbeats go by inject, which reports nothing).
+      if (e.context == nullptr || e.remote_write) continue;
+      const auto* base = reinterpret_cast<const unsigned char*>(slots_.get());
+      const auto* ctx = reinterpret_cast<const unsigned char*>(e.context);
+      if (ctx < base || ctx >= base + sizeof(Slot) * slot_count_) continue;
+      const std::size_t offset = static_cast<std::size_t>(ctx - base);
+      if (offset % sizeof(Slot) != 0) continue;
+      const std::size_t slot = offset / sizeof(Slot);
+      if (e.error == -ECANCELED) continue;  // teardown
+      Beat kind{};
+      int from = -1;
+      if (e.error == 0 && e.length <= sizeof slots_[slot].buffer &&
+          decode_beat(slots_[slot].buffer, e.length, size_, e.rank, kind, from) && from != rank_) {
+        arrived.push_back(Arrived{from, kind});
+      } else if (e.error == 0 || e.error == -EMSGSIZE) {
+        ++malformed_;
+        FERRY_LOG_AT(warn, rank_, -1, "keepalive channel: dropped a malformed heartbeat of %zu bytes (from rank %d)",
+                     e.length, static_cast<int>(e.rank));
+      } else {
+        FERRY_LOG_AT(debug, rank_, -1, "keepalive channel: %s", net::error_text("recv", e.error).c_str());
+      }
+      post(slot);
+    }
+  }
+}
+
+}  // namespace ferry::detail
