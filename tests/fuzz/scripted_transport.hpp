@@ -41,6 +41,9 @@ class ScriptedTransport final : public net::Transport {
   bool done() const noexcept { return frames_.empty() && done_.empty(); }
   // For tests of what a device refuses on a transport with fewer capabilities.
   void set_remote_data_bytes(std::size_t n) noexcept { caps_.remote_data_bytes = n; }
+  void set_inject_size(std::size_t n) noexcept { caps_.inject_size = n; }
+  // The rank each frame is reported from (0 unless set; -1: the transport names none).
+  void set_source(int rank) noexcept { source_ = rank; }
 
   std::string address() const override { return {}; }
   void connect(const std::vector<std::string>&) override {}
@@ -77,7 +80,7 @@ class ScriptedTransport final : public net::Transport {
       net::Event& ev = events[n++];
       ev = net::Event{};
       ev.context = r.ctx;
-      ev.rank = 0;
+      ev.rank = source_;
       ev.length = copied;
       ev.error = f.size() <= r.len ? 0 : -EMSGSIZE;
       frames_.pop_front();
@@ -110,6 +113,7 @@ class ScriptedTransport final : public net::Transport {
   std::deque<std::vector<unsigned char>> frames_;
   std::deque<Posted> posted_;
   std::deque<net::Event> done_;
+  int source_ = 0;
 };
 
 }  // namespace ferry::fuzz

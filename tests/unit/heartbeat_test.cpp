@@ -1,9 +1,15 @@
-// The keepalive channel's heartbeat: encoded and decoded, and every field checked before use.
+// The keepalive channel: its heartbeat encoded and decoded, every field checked before use, and
+// the channel over a scripted transport.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include "../fuzz/scripted_transport.hpp"
 #include "core/heartbeats.hpp"
+#include "ferry/error.hpp"
 
 namespace {
 
@@ -52,6 +58,65 @@ TEST(Heartbeat, EveryFieldIsChecked) {
         EXPECT_FALSE(ok) << "byte " << i << " = " << v;
       }
     }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+using ferry::detail::HeartbeatChannel;
+using ferry::fuzz::ScriptedTransport;
+
+std::vector<unsigned char> frame_of(Beat kind, int rank) {
+  unsigned char f[kBeatBytes];
+  encode_beat(f, kind, rank);
+  return {f, f + kBeatBytes};
+}
+
+TEST(HeartbeatChannel, DeliversGoodBeatsAndCountsTheRest) {
+  std::vector<std::vector<unsigned char>> frames;
+  for (int i = 0; i < 100; ++i) frames.push_back(frame_of(Beat::alive, 2));  // more than its receives
+  frames.push_back(frame_of(Beat::alive, 3));             // another sender than the transport names
+  frames.push_back(std::vector<unsigned char>(200, 0));   // too long: truncated
+  frames.push_back(std::vector<unsigned char>(3, 0));     // too short
+  frames.push_back(frame_of(Beat::departing, 2));
+  auto owned = std::make_unique<ScriptedTransport>(std::move(frames));
+  ScriptedTransport& transport = *owned;
+  transport.set_source(2);
+  HeartbeatChannel channel(std::move(owned), 0, 4);
+  channel.connect({"", "", "", ""});
+  std::vector<HeartbeatChannel::Arrived> arrived;
+  for (int i = 0; i < 10 && !transport.done(); ++i) channel.poll(arrived);
+  ASSERT_TRUE(transport.done()) << "every receive is reposted";
+  ASSERT_EQ(arrived.size(), 101u);
+  for (std::size_t i = 0; i < 100; ++i) EXPECT_EQ(arrived[i].kind, Beat::alive);
+  EXPECT_EQ(arrived.back().kind, Beat::departing);
+  for (const auto& a : arrived) EXPECT_EQ(a.rank, 2);
+  EXPECT_EQ(channel.malformed(), 3u);
+}
+
+TEST(HeartbeatChannel, ItsOwnRankIsNotHeard) {
+  std::vector<std::vector<unsigned char>> frames{frame_of(Beat::alive, 1)};
+  auto owned = std::make_unique<ScriptedTransport>(std::move(frames));
+  owned->set_source(-1);  // the transport names no sender: the heartbeat's own rank is taken
+  HeartbeatChannel channel(std::move(owned), 1, 4);
+  channel.connect({"", "", "", ""});
+  std::vector<HeartbeatChannel::Arrived> arrived;
+  channel.poll(arrived);
+  EXPECT_TRUE(arrived.empty());
+  EXPECT_EQ(channel.malformed(), 1u);
+}
+
+TEST(HeartbeatChannel, ATransportThatCannotInjectAHeartbeatIsRefusedByName) {
+  auto owned = std::make_unique<ScriptedTransport>(std::vector<std::vector<unsigned char>>{});
+  owned->set_inject_size(kBeatBytes - 1);
+  try {
+    HeartbeatChannel channel(std::move(owned), 0, 2);
+    FAIL() << "a channel over a transport with a 15-byte inject size was made";
+  } catch (const ferry::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("inject size 15"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("FERRY_PEER_TIMEOUT_MS=0"), std::string::npos) << e.what();
   }
 }
 
