@@ -56,6 +56,7 @@ HeartbeatChannel::HeartbeatChannel(std::unique_ptr<net::Transport> transport, in
   }
   slot_count_ = kSlots;
   slots_ = std::make_unique<Slot[]>(slot_count_);
+  unposted_.reserve(2 * slot_count_);  // each slot at most once, and once more while retried
   if (transport_->caps().local_registration) {
     registration_ = transport_->register_memory(slots_.get(), sizeof(Slot) * slot_count_, net::Access::recv);
   }
@@ -73,13 +74,17 @@ void HeartbeatChannel::connect(const std::vector<std::string>& addresses) {
   posted_ = true;
 }
 
-void HeartbeatChannel::post(std::size_t slot) {
+bool HeartbeatChannel::post(std::size_t slot) {
   Slot& s = slots_[slot];
   s.context.set_kind(CtxKind::recv_packet);
   const int rc = transport_->post_recv(s.buffer, sizeof s.buffer, registration_ != nullptr ? registration_->desc() : nullptr,
                                        &s.context);
-  // A receive not reposted leaves one slot fewer; the provider queues what arrives meanwhile.
-  if (rc != 0) FERRY_LOG_AT(warn, rank_, -1, "keepalive channel: %s", net::error_text("post_recv", rc).c_str());
+  if (rc == 0) return true;
+  // Kept for the next poll: a slot lost for good would, 32 losses later, leave the channel
+  // deaf and every peer on another host failed.
+  unposted_.push_back(slot);
+  if (rc != -EAGAIN) FERRY_LOG_AT(warn, rank_, -1, "keepalive channel: %s", net::error_text("post_recv", rc).c_str());
+  return false;
 }
 
 int HeartbeatChannel::send(int rank, Beat kind) noexcept {
@@ -90,12 +95,26 @@ int HeartbeatChannel::send(int rank, Beat kind) noexcept {
 
 void HeartbeatChannel::poll(std::vector<Arrived>& arrived) {
   if (!posted_) return;
+  if (!unposted_.empty()) {
+    // post() appends what is refused again, after these (room reserved: no reallocation).
+    const std::size_t retry = unposted_.size();
+    for (std::size_t i = 0; i < retry; ++i) (void)post(unposted_[i]);
+    unposted_.erase(unposted_.begin(), unposted_.begin() + static_cast<std::ptrdiff_t>(retry));
+  }
+  const bool named = transport_->caps().reports_source;
   net::Event events[16];
-  // At most a few rounds of receives per call: a peer that floods the channel cannot keep the
-  // keepalive thread from its checks.
-  for (std::size_t seen = 0; seen < 4 * slot_count_;) {
+  // A poll that returns nothing may have consumed an error entry (a failed inject to a peer
+  // that is gone): only a few empty polls in a row end the round. At most a few rounds of
+  // receives per call, so a peer that floods the channel cannot keep the keepalive thread
+  // from its checks.
+  int empty = 0;
+  for (std::size_t seen = 0; seen < 4 * slot_count_ && empty < 4;) {
     const int n = transport_->poll(events, 16);
-    if (n <= 0) return;
+    if (n <= 0) {
+      ++empty;
+      continue;
+    }
+    empty = 0;
     seen += static_cast<std::size_t>(n);
     for (int i = 0; i < n; ++i) {
       const net::Event& e = events[i];
@@ -107,10 +126,10 @@ void HeartbeatChannel::poll(std::vector<Arrived>& arrived) {
       const std::size_t offset = static_cast<std::size_t>(ctx - base);
       if (offset % sizeof(Slot) != 0) continue;
       const std::size_t slot = offset / sizeof(Slot);
-      if (e.error == -ECANCELED) continue;  // teardown
       Beat kind{};
       int from = -1;
-      if (e.error == 0 && e.length <= sizeof slots_[slot].buffer &&
+      // Where the transport names senders, a sender it cannot name (-1) is not in the job.
+      if (e.error == 0 && e.length <= sizeof slots_[slot].buffer && !(named && e.rank < 0) &&
           decode_beat(slots_[slot].buffer, e.length, size_, e.rank, kind, from) && from != rank_) {
         arrived.push_back(Arrived{from, kind});
       } else if (e.error == 0 || e.error == -EMSGSIZE) {
@@ -120,7 +139,7 @@ void HeartbeatChannel::poll(std::vector<Arrived>& arrived) {
       } else {
         FERRY_LOG_AT(debug, rank_, -1, "keepalive channel: %s", net::error_text("recv", e.error).c_str());
       }
-      post(slot);
+      (void)post(slot);
     }
   }
 }

@@ -58,13 +58,16 @@ class HeartbeatChannel {
 
   // Injects a heartbeat to `rank`: 0, -EAGAIN (try again later) or another negative errno.
   int send(int rank, Beat kind) noexcept;
+  // `rank` failed: the transport then closes without waiting on it (see Transport::peer_failed).
+  void peer_failed(int rank) { transport_->peer_failed(rank); }
 
   struct Arrived {
     int rank;
     Beat kind;
   };
   // Polls the channel: appends each heartbeat arrived to `arrived`, drops (and counts) each
-  // malformed one, and reposts every receive used up.
+  // malformed one, and reposts every receive used up (one the transport refuses for now is
+  // tried again at the next poll).
   void poll(std::vector<Arrived>& arrived);
   std::uint64_t malformed() const noexcept { return malformed_; }
 
@@ -73,13 +76,15 @@ class HeartbeatChannel {
     OpContext context;
     alignas(8) unsigned char buffer[64];
   };
-  void post(std::size_t slot);
+  // Posts slot's receive; false (and the slot kept in unposted_) when the transport refuses.
+  bool post(std::size_t slot);
 
   std::unique_ptr<net::Transport> transport_;
   int rank_;
   int size_;
   std::unique_ptr<Slot[]> slots_;
   std::size_t slot_count_ = 0;
+  std::vector<std::size_t> unposted_;          // slots whose receive the transport refused
   net::Registration* registration_ = nullptr;  // where the transport needs local registration
   std::uint64_t malformed_ = 0;
   bool posted_ = false;

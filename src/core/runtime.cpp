@@ -232,7 +232,12 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
     keepalive_.start(size_, std::move(away), config_.peer_timeout_ms, config_.peer_check_ms);
     keepalive_thread_ = std::thread([this] { keep_alive(); });
   }
-  progress_threads_ = start_progress_threads(config_, handles_);
+  try {
+    progress_threads_ = start_progress_threads(config_, handles_);
+  } catch (...) {
+    stop_keepalive();  // a joinable thread must not be destroyed
+    throw;
+  }
 }
 
 void RuntimeImpl::barrier_arrived(int src, std::uint32_t step) noexcept {
@@ -362,7 +367,7 @@ void RuntimeImpl::keep_alive() noexcept {
   std::vector<int> silent;
   std::vector<HeartbeatChannel::Arrived> arrived;
   arrived.reserve(64);
-  bool warned = false;
+  bool warned = false, warned_oom = false;
   auto gone = [this](int r) { return failed(r) || departed_[static_cast<std::size_t>(r)].load(std::memory_order_relaxed) != 0; };
   std::unique_lock<std::mutex> lock(keepalive_mutex_);
   for (bool first = true;; first = false) {
@@ -396,10 +401,10 @@ void RuntimeImpl::keep_alive() noexcept {
                            " ms (FERRY_PEER_TIMEOUT_MS): its host, its process or the link to it is down");
       }
     } catch (const std::exception& e) {
-      // Out of memory, or a transport error while polling: the check is tried again at the
-      // next tick; a peer in `silent` not yet failed is named then.
-      if (!warned) FERRY_LOG_AT(warn, rank_, -1, "keepalive: %s", e.what());
-      warned = true;
+      // Out of memory (a vector or a message string): the check is tried again at the next
+      // tick; a peer in `silent` not yet failed is named then.
+      if (!warned_oom) FERRY_LOG_AT(warn, rank_, -1, "keepalive: %s", e.what());
+      warned_oom = true;
     }
     lock.lock();
   }
@@ -494,7 +499,13 @@ RuntimeImpl::~RuntimeImpl() {
   } catch (...) {
   }
   stop_keepalive();  // finalize threw before it stopped it
-  heartbeats_.reset();
+  if (heartbeats_ != nullptr) {
+    // A failed peer's connection is abandoned, not closed (libfabric's rxm can crash flushing
+    // an inject to a peer that is unreachable).
+    for (int r : keepalive_.peers())
+      if (failed(r)) heartbeats_->peer_failed(r);
+    heartbeats_.reset();
+  }
   handles_.clear();
   lock_models_.clear();  // an offload thread must be gone before its device's endpoint
   devices_.clear();

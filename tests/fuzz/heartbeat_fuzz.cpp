@@ -30,6 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // Each poll takes a bounded number of messages; every one must be taken within enough polls.
   for (std::size_t i = 0; i < sent + 1 && !transport.done(); ++i) channel.poll(arrived);
   if (!transport.done()) std::abort();  // a receive not reposted: the channel went deaf
+  if (transport.posted_recvs() != 32) std::abort();  // every receive used up was posted again
   for (const auto& a : arrived) {
     if (a.rank != 0) std::abort();  // the transport named rank 0 as every message's sender
     if (a.kind != ferry::detail::Beat::alive && a.kind != ferry::detail::Beat::departing) std::abort();

@@ -113,6 +113,7 @@ heartbeat_seeds = {
     "departing": beat(2),
     "many": beat(1) * 40 + beat(2),
     "other_sender": beat(1, rank=3) + beat(1),
+    "malformed_then_good": (bytes([5]) + b"\xab" * 5) * 40 + beat(1),
 }
 
 root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "corpus")

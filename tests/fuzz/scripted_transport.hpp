@@ -44,12 +44,20 @@ class ScriptedTransport final : public net::Transport {
   void set_inject_size(std::size_t n) noexcept { caps_.inject_size = n; }
   // The rank each frame is reported from (0 unless set; -1: the transport names none).
   void set_source(int rank) noexcept { source_ = rank; }
+  void set_reports_source(bool on) noexcept { caps_.reports_source = on; }
+  // The next `n` post_recv calls are refused with -EAGAIN (no resources now).
+  void refuse_recvs(int n) noexcept { refuse_recvs_ = n; }
+  std::size_t posted_recvs() const noexcept { return posted_.size(); }
 
   std::string address() const override { return {}; }
   void connect(const std::vector<std::string>&) override {}
   int inject(int, const void*, std::size_t) override { return 0; }
   int send(int rank, const void*, std::size_t len, void*, detail::OpContext* ctx) override { return complete(rank, len, ctx); }
   int post_recv(void* buf, std::size_t len, void*, detail::OpContext* ctx) override {
+    if (refuse_recvs_ > 0) {
+      --refuse_recvs_;
+      return -EAGAIN;
+    }
     posted_.push_back(Posted{static_cast<unsigned char*>(buf), len, ctx});
     return 0;
   }
@@ -114,6 +122,7 @@ class ScriptedTransport final : public net::Transport {
   std::deque<Posted> posted_;
   std::deque<net::Event> done_;
   int source_ = 0;
+  int refuse_recvs_ = 0;
 };
 
 }  // namespace ferry::fuzz

@@ -203,8 +203,9 @@ int main(int argc, char** argv) {
   const double after_quiet_ms =
       std::chrono::duration<double, std::milli>(first_failed_post - std::max(cut_seen, last_from_away)).count();
   const int timeout_ms = static_cast<int>(rt.options().settings.peer_timeout_ms);
-  // The bound, counted from the cut: the timeout (silence since the last heartbeat, which came
-  // at most a check before the cut), a check on each side, and 600 ms for a loaded machine;
+  // The bound, counted from the cut: the timeout (silence since the last heartbeat, which left
+  // before the cut: up to a beat interval before, which only makes detection earlier), a check
+  // on each side, and 600 ms for a loaded machine;
   // 5000 ms with the defaults (4000, 200). FERRY_TEST_DETECT_BOUND_MS replaces it (a run
   // under a debugger or a sanitizer).
   const char* bound_text = std::getenv("FERRY_TEST_DETECT_BOUND_MS");

@@ -99,13 +99,62 @@ TEST(HeartbeatChannel, DeliversGoodBeatsAndCountsTheRest) {
 TEST(HeartbeatChannel, ItsOwnRankIsNotHeard) {
   std::vector<std::vector<unsigned char>> frames{frame_of(Beat::alive, 1)};
   auto owned = std::make_unique<ScriptedTransport>(std::move(frames));
-  owned->set_source(-1);  // the transport names no sender: the heartbeat's own rank is taken
+  owned->set_reports_source(false);  // the transport names no sender: the heartbeat's rank is taken
+  owned->set_source(-1);
   HeartbeatChannel channel(std::move(owned), 1, 4);
   channel.connect({"", "", "", ""});
   std::vector<HeartbeatChannel::Arrived> arrived;
   channel.poll(arrived);
   EXPECT_TRUE(arrived.empty());
   EXPECT_EQ(channel.malformed(), 1u);
+}
+
+TEST(HeartbeatChannel, ASenderTheTransportCannotNameIsRefused) {
+  // A transport that names senders reports -1 for one outside its address table.
+  std::vector<std::vector<unsigned char>> frames{frame_of(Beat::departing, 2)};
+  auto owned = std::make_unique<ScriptedTransport>(std::move(frames));
+  owned->set_source(-1);
+  HeartbeatChannel channel(std::move(owned), 0, 4);
+  channel.connect({"", "", "", ""});
+  std::vector<HeartbeatChannel::Arrived> arrived;
+  channel.poll(arrived);
+  EXPECT_TRUE(arrived.empty()) << "an unnamed sender could mark any rank departed";
+  EXPECT_EQ(channel.malformed(), 1u);
+}
+
+TEST(HeartbeatChannel, EveryReceiveUsedUpByAMalformedMessageIsReposted) {
+  // More malformed messages than the channel has receives, then a heartbeat: it arrives only
+  // if each receive a malformed message used up was posted again.
+  std::vector<std::vector<unsigned char>> frames(100, std::vector<unsigned char>(5, 0xAB));
+  frames.push_back(frame_of(Beat::alive, 0));
+  auto owned = std::make_unique<ScriptedTransport>(std::move(frames));
+  ScriptedTransport& transport = *owned;
+  HeartbeatChannel channel(std::move(owned), 1, 2);
+  channel.connect({"", ""});
+  const std::size_t receives = transport.posted_recvs();
+  std::vector<HeartbeatChannel::Arrived> arrived;
+  for (int i = 0; i < 10 && !transport.done(); ++i) channel.poll(arrived);
+  ASSERT_TRUE(transport.done());
+  ASSERT_EQ(arrived.size(), 1u);
+  EXPECT_EQ(arrived[0].rank, 0);
+  EXPECT_EQ(channel.malformed(), 100u);
+  EXPECT_EQ(transport.posted_recvs(), receives) << "as many receives posted as before";
+}
+
+TEST(HeartbeatChannel, AReceiveTheTransportRefusesIsPostedAgainLater) {
+  std::vector<std::vector<unsigned char>> frames{frame_of(Beat::alive, 0)};
+  auto owned = std::make_unique<ScriptedTransport>(std::move(frames));
+  ScriptedTransport& transport = *owned;
+  transport.refuse_recvs(1000);  // every receive of connect() refused
+  HeartbeatChannel channel(std::move(owned), 1, 2);
+  channel.connect({"", ""});
+  EXPECT_EQ(transport.posted_recvs(), 0u);
+  transport.refuse_recvs(0);
+  std::vector<HeartbeatChannel::Arrived> arrived;
+  channel.poll(arrived);
+  ASSERT_EQ(arrived.size(), 1u) << "the refused receives were posted at the next poll";
+  channel.poll(arrived);
+  EXPECT_GE(transport.posted_recvs(), 32u);
 }
 
 TEST(HeartbeatChannel, ATransportThatCannotInjectAHeartbeatIsRefusedByName) {
