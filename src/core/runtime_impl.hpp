@@ -86,7 +86,8 @@ class RuntimeImpl {
  private:
   // Finalize: sends kDepartStep to every peer (see check_peers).
   void depart() noexcept;
-  // The keepalive thread's body (heartbeats out, silence checks), and its end (idempotent).
+  // The keepalive thread's body (the channel polled, heartbeats out, silence checks; departing
+  // heartbeats when it stops), and its end (idempotent).
   void keep_alive() noexcept;
   void stop_keepalive() noexcept;
   // Teardown: progresses `device` (through its lock model) until its own operations are
@@ -117,8 +118,11 @@ class RuntimeImpl {
   PeerWatch watch_;
   std::mutex watch_mutex_;  // check_peers takes it with try_lock: one checker at a time
   std::atomic<std::int64_t> next_check_ns_{0};  // steady clock; relaxed: a hint, the mutex guards the watch
-  // By rank: 1 once its departure message arrived. Relaxed: check_peers reads it one check
-  // interval after the watch saw the process end, long after the message was polled.
+  // By rank: 1 once its departure message (data path) or departing heartbeat (keepalive
+  // channel) arrived. Relaxed: check_peers reads it one check interval after the watch saw the
+  // process end, long after the message was polled; the keepalive thread and peer_failed only
+  // need it eventually (a peer failed just before its departure is seen is still a peer that
+  // stopped answering), and it guards no other data.
   std::unique_ptr<std::atomic<std::uint8_t>[]> departed_;
   std::vector<int> suspects_;  // under watch_mutex_: processes seen ended at the last check
   Keepalive keepalive_;  // started before the keepalive thread, checked only by it
