@@ -10,10 +10,17 @@
 #include <memory>
 #include <vector>
 
+#include "common/log.hpp"
 #include "core/heartbeats.hpp"
 #include "scripted_transport.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  // Each malformed heartbeat logs a warning: millions of lines a minute (FERRY_LOG=warn keeps them).
+  static const bool quiet = [] {
+    if (std::getenv("FERRY_LOG") == nullptr) ferry::detail::set_log_level(ferry::LogLevel::off);
+    return true;
+  }();
+  (void)quiet;
   std::vector<std::vector<unsigned char>> frames;
   for (std::size_t at = 0; at < size && frames.size() < 512;) {
     const std::size_t n = data[at++];
