@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/log.hpp"
+#include "core/wire.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::detail {
@@ -13,33 +14,23 @@ namespace {
 
 constexpr std::size_t kSlots = 32;  // a few beats per watched peer between two polls
 
-void put_u32(unsigned char* at, std::uint32_t v) noexcept {
-  for (int i = 0; i < 4; ++i) at[i] = static_cast<unsigned char>(v >> (8 * i));
-}
-
-std::uint32_t get_u32(const unsigned char* at) noexcept {
-  std::uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= std::uint32_t{at[i]} << (8 * i);
-  return v;
-}
-
 }  // namespace
 
 void encode_beat(unsigned char (&out)[kBeatBytes], Beat kind, int rank) noexcept {
   std::memset(out, 0, sizeof out);
-  put_u32(out, kBeatMagic);
+  encode(out, kBeatMagic);
   out[4] = static_cast<unsigned char>(kind);
-  put_u32(out + 8, static_cast<std::uint32_t>(rank));
+  encode(out + 8, static_cast<std::uint32_t>(rank));
 }
 
 bool decode_beat(const unsigned char* data, std::size_t length, int size, int source, Beat& kind,
                  int& rank) noexcept {
-  if (data == nullptr || length != kBeatBytes || get_u32(data) != kBeatMagic) return false;
+  if (data == nullptr || length != kBeatBytes || decode<std::uint32_t>(data) != kBeatMagic) return false;
   if (data[4] != static_cast<unsigned char>(Beat::alive) && data[4] != static_cast<unsigned char>(Beat::departing)) {
     return false;
   }
-  if (data[5] != 0 || data[6] != 0 || data[7] != 0 || get_u32(data + 12) != 0) return false;
-  const std::uint32_t r = get_u32(data + 8);
+  if (data[5] != 0 || data[6] != 0 || data[7] != 0 || decode<std::uint32_t>(data + 12) != 0) return false;
+  const std::uint32_t r = decode<std::uint32_t>(data + 8);
   if (r >= static_cast<std::uint32_t>(size)) return false;
   if (source >= 0 && static_cast<std::uint32_t>(source) != r) return false;
   kind = static_cast<Beat>(data[4]);

@@ -9,7 +9,8 @@
 // within the timeout and one check interval of its last one.
 //
 // A heartbeat is 16 bytes: the magic "FRHB", a kind (alive, or departing: the sender
-// finalized), three zero bytes and the sender's rank, little-endian. Every field is checked
+// finalized), three zero bytes, the sender's rank and four zero bytes; the words in the
+// byte order of wire.hpp's encode (the job's own: one binary, one architecture). Every field is checked
 // before use; a message that fails a check is dropped and counted.
 //
 // Concurrency: not shared. Everything is called by the one keepalive thread, except the
@@ -31,7 +32,7 @@ namespace ferry::detail {
 enum class Beat : std::uint8_t { alive = 1, departing = 2 };
 
 inline constexpr std::size_t kBeatBytes = 16;
-inline constexpr std::uint32_t kBeatMagic = 0x42485246;  // "FRHB" in little-endian order
+inline constexpr std::uint32_t kBeatMagic = 0x42485246;  // "FRHB" on a little-endian machine
 
 // Encodes a heartbeat of `kind` from `rank`.
 void encode_beat(unsigned char (&out)[kBeatBytes], Beat kind, int rank) noexcept;
