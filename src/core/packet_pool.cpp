@@ -1,5 +1,6 @@
 #include "core/packet_pool.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdlib>
@@ -86,7 +87,9 @@ PacketPool::PacketPool(std::size_t count, std::size_t payload_size)
       payload_(payload_size),
       stride_(sizeof(Packet) + ((payload_size + cache_line - 1) / cache_line) * cache_line),
       slab_(nullptr),
-      cached_(count >= kMinCachedPool) {
+      cached_(count >= kMinCachedPool),
+      cache_cap_(cached_ ? static_cast<std::uint32_t>(std::clamp<std::size_t>(count / 32, kCacheSize / 4, kCacheSize)) : 0),
+      cache_batch_(cache_cap_ / 2) {
   // The free-list head starts a line of its own: get/put hammer it (and free_count_ next to
   // it) while the line before — the geometry and the thread-cache slot that every get/put
   // reads — stays clean in every thread's cache.
@@ -148,21 +151,39 @@ PacketPool::ThreadCache* PacketPool::cache() noexcept {
 Packet* PacketPool::get() noexcept {
   if (cached_) {
     ThreadCache* c = cache();
-    if (c != nullptr && c->count > 0) return c->items[--c->count];
+    if (c != nullptr) {
+      if (c->count == 0) c->count = take_shared(c->items, cache_batch_);
+      if (c->count > 0) return c->items[--c->count];
+      return nullptr;
+    }
   }
-  // Acquire on the head pairs with the release in put_shared: the top packet's link is the
-  // one its pusher wrote. The link itself is read relaxed; if the packet was popped and reused
-  // meanwhile, the tag has changed and the CAS fails.
+  Packet* p = nullptr;
+  return take_shared(&p, 1) == 1 ? p : nullptr;
+}
+
+std::uint32_t PacketPool::take_shared(Packet** out, std::uint32_t n) noexcept {
+  // Acquire on the head pairs with the release of every earlier push: each change of the head
+  // is a CAS (a read-modify-write), so the head's value continues the release sequence of
+  // every push before it, and the links of all packets in the list — not only the top one's —
+  // are the ones their pushers wrote. The links are read relaxed while other threads may pop
+  // and reuse those packets: any change to the list bumps the head's tag, so the CAS then
+  // fails and the walk is redone from the new head.
   std::uint64_t head = head_.load(std::memory_order_acquire);
   for (;;) {
-    const auto top = static_cast<std::uint32_t>(head);
-    if (top == kEmpty) return nullptr;
-    Packet* p = at(top);
-    const std::uint32_t next = p->pool_next.load(std::memory_order_relaxed);
+    std::uint32_t next = static_cast<std::uint32_t>(head);
+    std::uint32_t k = 0;
+    while (k < n && next != kEmpty && next < count_) {
+      Packet* p = at(next);
+      out[k++] = p;
+      next = p->pool_next.load(std::memory_order_relaxed);
+    }
+    if (k == 0) return 0;
+    // A link read from a packet that was popped meanwhile may be anything (next < count_ keeps
+    // the walk inside the slab); the tag check below throws such a walk away.
     const std::uint64_t want = ((head >> 32) + 1) << 32 | next;
     if (head_.compare_exchange_weak(head, want, std::memory_order_acquire, std::memory_order_acquire)) {
-      free_count_.fetch_sub(1, std::memory_order_relaxed);
-      return p;
+      free_count_.fetch_sub(k, std::memory_order_relaxed);
+      return k;
     }
   }
 }
@@ -170,7 +191,12 @@ Packet* PacketPool::get() noexcept {
 void PacketPool::put(Packet* packet) noexcept {
   if (cached_) {
     ThreadCache* c = cache();
-    if (c != nullptr && c->count < kCacheSize) {
+    if (c != nullptr) {
+      if (c->count == cache_cap_) {  // full: the older half goes back in one batch
+        give_shared(c->items, cache_batch_);
+        c->count -= cache_batch_;
+        std::copy(c->items + cache_batch_, c->items + cache_batch_ + c->count, c->items);
+      }
       c->items[c->count++] = packet;
       return;
     }
@@ -178,16 +204,21 @@ void PacketPool::put(Packet* packet) noexcept {
   put_shared(packet);
 }
 
-void PacketPool::put_shared(Packet* packet) noexcept {
-  // Release: a popper that sees this head also sees the link written here.
-  // free_count_ is a statistic only: relaxed.
+void PacketPool::put_shared(Packet* packet) noexcept { give_shared(&packet, 1); }
+
+void PacketPool::give_shared(Packet* const* items, std::uint32_t n) noexcept {
+  // The batch is chained through its links first (relaxed: nobody else can see these packets
+  // yet); the release CAS then publishes the chain and its links together. free_count_ is a
+  // statistic only: relaxed.
+  for (std::uint32_t i = 0; i + 1 < n; ++i) items[i]->pool_next.store(items[i + 1]->index, std::memory_order_relaxed);
+  Packet* last = items[n - 1];
   std::uint64_t head = head_.load(std::memory_order_relaxed);
   for (;;) {
-    packet->pool_next.store(static_cast<std::uint32_t>(head), std::memory_order_relaxed);
-    const std::uint64_t want = ((head >> 32) + 1) << 32 | packet->index;
+    last->pool_next.store(static_cast<std::uint32_t>(head), std::memory_order_relaxed);
+    const std::uint64_t want = ((head >> 32) + 1) << 32 | items[0]->index;
     if (head_.compare_exchange_weak(head, want, std::memory_order_release, std::memory_order_relaxed)) break;
   }
-  free_count_.fetch_add(1, std::memory_order_relaxed);
+  free_count_.fetch_add(n, std::memory_order_relaxed);
 }
 
 void PacketPool::release_payload(void* pool, void* payload) noexcept {

@@ -8,9 +8,13 @@
 //  - The shared free list is a lock-free stack of packet indices with a generation tag in the
 //    same 64-bit word (no ABA). Unlike a bounded ring, a push can never be refused, so a
 //    returned packet is never lost, whatever other threads are doing.
-//  - Each thread keeps a small private cache per pool so the common get/put pair touches no
-//    shared cache line. Pools smaller than kMinCachedPool packets cache nothing, so a tiny
-//    pool's packets cannot be stranded in an idle thread's cache.
+//  - Each thread keeps a private cache per pool so the common get/put pair touches no shared
+//    cache line and makes no atomic read-modify-write. The cache trades with the shared list
+//    in batches of half its capacity, one CAS per batch: an empty cache takes a batch, a full
+//    one gives a batch back. So a burst of gets or puts (the device reposts its receives in
+//    bursts of up to FERRY_PREPOST/2) pays one CAS per batch, not one per packet. Pools smaller
+//    than kMinCachedPool packets cache nothing, and a cache holds at most 1/32 of its pool
+//    (cache_capacity()), so an idle thread strands few packets.
 //  - A pool must outlive every get/put on it. When it is destroyed, threads' caches of it are
 //    invalidated by a generation number, never dereferenced.
 #pragma once
@@ -146,7 +150,7 @@ static_assert(sizeof(Packet) - (offsetof(Packet, recv) + kLargestPacketView) < c
 class PacketPool {
  public:
   static constexpr std::size_t kMinCachedPool = 512;
-  static constexpr std::size_t kCacheSize = 16;
+  static constexpr std::size_t kCacheSize = 64;  // the largest cache_capacity()
 
   PacketPool(std::size_t count, std::size_t payload_size);
   ~PacketPool();
@@ -162,6 +166,8 @@ class PacketPool {
   std::size_t slab_bytes() const noexcept { return stride_ * count_; }
   std::size_t count() const noexcept { return count_; }
   std::size_t payload_size() const noexcept { return payload_; }
+  // Packets one thread's cache holds at most (0: this pool caches nothing).
+  std::size_t cache_capacity() const noexcept { return cache_cap_; }
   // Packets in the shared free list (not counting per-thread caches); exact when quiescent.
   std::size_t available_approx() const noexcept { return free_count_.load(std::memory_order_relaxed); }
 
@@ -172,12 +178,18 @@ class PacketPool {
 
  private:
   ThreadCache* cache() noexcept;
+  // Moves up to `n` packets from the shared list into `out`; returns how many (one CAS).
+  std::uint32_t take_shared(Packet** out, std::uint32_t n) noexcept;
+  // Pushes out[0..n) onto the shared list with one CAS.
+  void give_shared(Packet* const* items, std::uint32_t n) noexcept;
 
   std::size_t count_;
   std::size_t payload_;
   std::size_t stride_;
   unsigned char* slab_;
   bool cached_;
+  std::uint32_t cache_cap_;    // 0, or kCacheSize/4..kCacheSize
+  std::uint32_t cache_batch_;  // cache_cap_ / 2
   std::uint32_t slot_;        // index into each thread's cache table
   std::uint64_t generation_;  // distinguishes this pool from earlier ones in the same slot
   Packet* at(std::uint32_t index) const noexcept { return reinterpret_cast<Packet*>(slab_ + index * stride_); }
