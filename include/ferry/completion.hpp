@@ -3,7 +3,9 @@
 // A completion object is anything derived from CompletionObject. ferry calls signal() exactly
 // once per `posted` operation that names it as the local completion, and once per incoming
 // active message or notifying put that names it as the remote target (see Runtime::expose).
-// signal() is called from inside progress(), on whatever thread runs progress.
+// signal() is called from inside progress(), on whatever thread runs progress. Several
+// completions for one object that a progress call finds together may come through one call of
+// signal_batch() instead, in order; its default signals each in turn.
 //
 // Kinds:
 //  - CompletionQueue: a lock-free multi-producer multi-consumer queue of Completion records.
@@ -116,6 +118,12 @@ class CompletionObject {
   virtual ~CompletionObject() = default;
   // Called exactly once per completed operation; never blocks.
   virtual void signal(Completion&& completion) noexcept = 0;
+  // The completions in order, as if signal() were called on each; they are left moved-from.
+  // ferry calls it with the active messages for this object that one progress call received
+  // together; a CompletionQueue takes the whole run with a single claim on its ring.
+  virtual void signal_batch(Completion* completions, std::size_t count) noexcept {
+    for (std::size_t i = 0; i < count; ++i) signal(std::move(completions[i]));
+  }
 };
 
 namespace detail {
@@ -154,12 +162,24 @@ class CompletionQueue final : public CompletionObject {
   CompletionQueue& operator=(const CompletionQueue&) = delete;
 
   void signal(Completion&& completion) noexcept override;
+  void signal_batch(Completion* completions, std::size_t count) noexcept override;
   // Any thread. Empty optional when nothing is ready.
   std::optional<Completion> pop() noexcept;
   std::size_t capacity() const noexcept;
 
  private:
+  void spill(Completion* completions, std::size_t count) noexcept;
+  // Two tiers of the same algorithm: a hot queue of at most kHotEntries, then (for larger
+  // capacities) a cold one of `capacity` entries that takes what the hot one refuses. A ring
+  // cycles through all its cells whatever its depth, so one ring of 65536 ~100-byte cells
+  // would stream 6 MiB through the cache and miss on every push; the hot tier stays in L2,
+  // and the cold one is touched only while the consumer lags by more than kHotEntries.
+  static constexpr std::size_t kHotEntries = 1024;
   std::unique_ptr<detail::QueueImpl> impl_;
+  std::unique_ptr<detail::QueueImpl> cold_;  // null when capacity <= kHotEntries
+  // Entries in cold_, counted before each push and uncounted after each pop, so it is never
+  // below the true number (see signal()).
+  std::atomic<std::size_t> cold_count_{0};
   // Entries that found the queue full (see signal()); never dropped.
   std::atomic<std::size_t> overflow_size_{0};
   std::mutex overflow_mutex_;

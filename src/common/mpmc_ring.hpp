@@ -86,6 +86,39 @@ class MpmcRing {
     }
   }
 
+  // Pushes items[0..k) for the largest k <= n whose cells are all free, claiming the k
+  // positions with one CAS; returns k (0 as try_push's false). The items pushed are moved-from.
+  // The k cells are checked before the claim: a cell at position q holds seq == q until the
+  // producer that claims q writes it, and the tail only grows, so if the CAS from `pos` to
+  // `pos + k` succeeds no other producer has claimed any of them meanwhile.
+  std::size_t try_push_batch(T* items, std::size_t n) noexcept {
+    if (n == 0) return 0;
+    std::size_t pos = tail_.load(std::memory_order_relaxed);
+    for (;;) {
+      std::size_t k = 0;
+      std::intptr_t diff = 0;
+      while (k < n && k <= mask_) {
+        const std::size_t seq = cells_[(pos + k) & mask_].seq.load(std::memory_order_acquire);
+        diff = static_cast<std::intptr_t>(seq) - static_cast<std::intptr_t>(pos + k);
+        if (diff != 0) break;
+        ++k;
+      }
+      if (k == 0) {
+        if (diff < 0) return 0;  // full
+        pos = tail_.load(std::memory_order_relaxed);
+        continue;
+      }
+      if (tail_.compare_exchange_weak(pos, pos + k, std::memory_order_relaxed)) {
+        for (std::size_t i = 0; i < k; ++i) {
+          Cell& cell = cells_[(pos + i) & mask_];
+          ::new (cell.storage()) T(std::move(items[i]));
+          cell.seq.store(pos + i + 1, std::memory_order_release);
+        }
+        return k;
+      }
+    }
+  }
+
   // Out is T or std::optional<T> (see take_into).
   template <class Out>
   bool try_pop(Out& out) noexcept {

@@ -1,6 +1,8 @@
+#include <algorithm>
 #include <cstring>
 
 #include <mutex>
+#include <span>
 #include <string>
 
 #include "core/config.hpp"
@@ -71,6 +73,13 @@ class LockFreeQueue final : public QueueImpl {
  public:
   explicit LockFreeQueue(std::size_t capacity) : queue_(capacity) {}
   bool push(Completion&& c) noexcept override { return queue_.try_push(std::move(c)); }
+  std::size_t push_batch(std::span<Completion> cs) noexcept override {
+    if constexpr (requires { queue_.try_push_batch(cs.data(), cs.size()); }) {
+      return queue_.try_push_batch(cs.data(), cs.size());
+    } else {
+      return QueueImpl::push_batch(cs);
+    }
+  }
   bool pop(std::optional<Completion>& c) noexcept override { return queue_.try_pop(c); }
   std::size_t capacity() const noexcept override { return queue_.capacity(); }
 
@@ -161,34 +170,63 @@ CompletionQueue::CompletionQueue(CompletionQueueOptions options) {
     throw Error("CompletionQueueOptions::capacity=" + std::to_string(cap) + " is out of range: at most 268435456");
   }
   const QueueKind kind = options.kind == QueueKind::default_kind ? detail::default_queue_kind() : options.kind;
-  impl_ = detail::make_queue(kind, cap);
+  impl_ = detail::make_queue(kind, std::min(cap, kHotEntries));
+  if (impl_ && cap > kHotEntries) cold_ = detail::make_queue(kind, cap);
   if (!impl_) throw Error("CompletionQueueOptions::kind=" + std::to_string(static_cast<int>(options.kind)) + " is unknown");
 }
 
 CompletionQueue::~CompletionQueue() = default;
 
 void CompletionQueue::signal(Completion&& completion) noexcept {
-  // Order: pop() drains the queue before the overflow list, so once an entry has spilled,
-  // everything after it must spill too until the list is empty; otherwise a later entry that
-  // found room would overtake it. Relaxed is enough: a producer ordered after the spill (the
-  // same thread, or one that took the progress lock after it) sees the count; producers that
-  // race with each other have no order to keep.
-  if (overflow_size_.load(std::memory_order_relaxed) == 0 && impl_->push(std::move(completion))) return;
-  // Full (the consumer has fallen a capacity behind, or a preempted consumer still holds the
-  // cell a push needs), or spilled entries wait. signal() runs inside progress and must neither
-  // drop the entry nor wait (the consumer may be this very thread), so the entry goes to an
-  // unbounded overflow list. This slow path allocates and locks; the fast path pays one relaxed
-  // load here and one in pop().
+  // Order: pop() drains the hot queue, then the cold one, then the overflow list, so once an
+  // entry has gone to a later tier everything after it must go there too until that tier is
+  // empty; otherwise a later entry that found room earlier would overtake it.
+  //  - overflow_size_ is relaxed: a producer ordered after the spill (the same thread, or one
+  //    that took the progress lock after it) sees the count; producers that race with each
+  //    other have no order to keep.
+  //  - cold_count_ is raised before the push into the cold queue and lowered only after a pop
+  //    from it, so it is never below the number of entries there: a thread that pushed into
+  //    the cold queue sees a count above zero until that entry is popped, and so sends its
+  //    next entries there too. Relaxed for the same reason as overflow_size_.
+  if (overflow_size_.load(std::memory_order_relaxed) == 0) {
+    if (cold_count_.load(std::memory_order_relaxed) == 0 && impl_->push(std::move(completion))) return;
+    if (cold_ != nullptr) {
+      cold_count_.fetch_add(1, std::memory_order_relaxed);
+      if (cold_->push(std::move(completion))) return;
+      cold_count_.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+  spill(&completion, 1);
+}
+
+void CompletionQueue::signal_batch(Completion* completions, std::size_t count) noexcept {
+  // As signal() on each: a run the hot queue takes whole costs one claim of its ring.
+  std::size_t k = 0;
+  if (overflow_size_.load(std::memory_order_relaxed) == 0 && cold_count_.load(std::memory_order_relaxed) == 0) {
+    k = impl_->push_batch(std::span<Completion>(completions, count));
+  }
+  for (; k < count; ++k) signal(std::move(completions[k]));
+}
+
+// Full (the consumer has fallen the whole capacity behind, or a preempted consumer still holds
+// the cell a push needs), or spilled entries wait. signal() runs inside progress and must
+// neither drop the entry nor wait (the consumer may be this very thread), so the entry goes to
+// an unbounded overflow list. This slow path allocates and locks.
+void CompletionQueue::spill(Completion* completions, std::size_t count) noexcept {
   std::lock_guard<std::mutex> guard(overflow_mutex_);
-  overflow_.push_back(std::move(completion));
+  for (std::size_t i = 0; i < count; ++i) overflow_.push_back(std::move(completions[i]));
   overflow_size_.store(overflow_.size(), std::memory_order_relaxed);
 }
 
 std::optional<Completion> CompletionQueue::pop() noexcept {
   std::optional<Completion> c;  // one object all the way: the queue constructs into it (NRVO)
   if (impl_->pop(c)) return c;
-  // Relaxed is enough: a stale zero only delays the spilled entry to a later pop, and the
-  // entry itself is read under the mutex.
+  // Relaxed is enough for both counts: a stale zero only delays a waiting entry to a later
+  // pop, and the entry itself comes through its tier's own synchronization.
+  if (cold_count_.load(std::memory_order_relaxed) != 0 && cold_->pop(c)) {
+    cold_count_.fetch_sub(1, std::memory_order_relaxed);
+    return c;
+  }
   if (overflow_size_.load(std::memory_order_relaxed) != 0) {
     std::lock_guard<std::mutex> guard(overflow_mutex_);
     if (!overflow_.empty()) {
@@ -200,7 +238,7 @@ std::optional<Completion> CompletionQueue::pop() noexcept {
   return c;
 }
 
-std::size_t CompletionQueue::capacity() const noexcept { return impl_->capacity(); }
+std::size_t CompletionQueue::capacity() const noexcept { return cold_ != nullptr ? cold_->capacity() : impl_->capacity(); }
 
 Synchronizer::Synchronizer(std::size_t n) : n_(n), slots_(n) {
   if (n == 0) throw Error("Synchronizer: n=0; a synchronizer counts at least one signal");

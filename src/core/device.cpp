@@ -410,6 +410,7 @@ inline void DeviceImpl::match_message(Packet* p, MsgKind kind) {
 }
 
 void DeviceImpl::on_heap_message(Packet* p, unsigned char* heap, std::size_t size) {
+  flush_staged();
   const auto h = decode<WireHeader>(p->data());
   if (h.kind == MsgKind::am) {
     Completion c;
@@ -426,23 +427,42 @@ void DeviceImpl::on_heap_message(Packet* p, unsigned char* heap, std::size_t siz
   match_message(p, MsgKind::msg);
 }
 
+// c: a fresh completion, or a stage slot another batch has moved from (its buffer empty, its
+// parts empty or, in principle, merely valid: cleared here).
+inline void DeviceImpl::fill_am(Completion& c, Packet* p, const WireHeader& h) {
+  c.op = OpKind::remote_am;
+  c.rank = h.src;
+  c.tag = h.tag;
+  c.size = p->arrived.length - kHeader;
+  c.context = nullptr;
+  c.error = 0;
+  c.buffer = Buffer(p->data() + kHeader, c.size, &release_am_payload, pool_.get());
+  if (__builtin_expect(!c.parts.empty(), 0)) c.parts.clear();
+  // A delivered payload keeps its packet until the application drops it. When the
+  // application holds so many that the pool could not refill the posted receives, the
+  // payload moves to the heap and the packet returns at once: otherwise a receiver that is
+  // slow to consume (or is in finalize) would leave its device no receive buffers and every
+  // sender to it retrying forever. Rare by construction; the common case is one load.
+  if (__builtin_expect(pool_->available_approx() < config_.prepost, 0)) c.buffer = copy_out(std::move(c.buffer));
+}
+
 void DeviceImpl::on_packet(Packet* p) {
   const auto h = decode<WireHeader>(p->data());
+  if (h.kind != MsgKind::am) flush_staged();  // whatever this message signals comes after the staged
   switch (h.kind) {
     case MsgKind::am: {
-      Completion c;
-      c.op = OpKind::remote_am;
-      c.rank = h.src;
-      c.tag = h.tag;
-      c.size = p->arrived.length - kHeader;
-      c.buffer = Buffer(p->data() + kHeader, c.size, &release_am_payload, pool_.get());
-      // A delivered payload keeps its packet until the application drops it. When the
-      // application holds so many that the pool could not refill the posted receives, the
-      // payload moves to the heap and the packet returns at once: otherwise a receiver that is
-      // slow to consume (or is in finalize) would leave its device no receive buffers and every
-      // sender to it retrying forever. Rare by construction; the common case is one load.
-      if (__builtin_expect(pool_->available_approx() < config_.prepost, 0)) c.buffer = copy_out(std::move(c.buffer));
-      runtime_.deliver(h.target, std::move(c));
+      CompletionObject* target = runtime_.exposed(h.target);
+      if (__builtin_expect(target == nullptr, 0)) {  // not exposed yet, or an id out of range
+        flush_staged();
+        Completion c;
+        fill_am(c, p, h);
+        runtime_.deliver(h.target, std::move(c));  // parks it, or drops it with a warning
+        return;
+      }
+      if (target != staged_target_ || staged_count_ == kStageMax) flush_staged();
+      fill_am(staged_[staged_count_], p, h);
+      staged_target_ = target;
+      ++staged_count_;
       return;
     }
     case MsgKind::msg:
@@ -644,9 +664,11 @@ bool DeviceImpl::progress() {
         auto* p = reinterpret_cast<Packet*>(e.context);
         if (e.lent != nullptr) on_lent(l, p, e.length, e.lent); else on_recv(l, p, e.length, p->data() + kFragmentHeader);
       } else {
+        flush_staged();
         on_event(l, e);
       }
     }
+    flush_staged();
     any = any || n > 0;
   }
   // One increment and one test per call; the peer check (a clock read) every 1024 calls. After
@@ -664,6 +686,16 @@ bool DeviceImpl::progress() {
     if (l.posted_recvs < config_.prepost && (!any || l.posted_recvs <= config_.prepost / 2)) repost(l);
   }
   return any;
+}
+
+void DeviceImpl::flush_staged_slow() noexcept {
+  // Emptied before signalling, though nothing can stage meanwhile: a Handler's callback may
+  // call progress, but the poll lock is a try-lock, so progress is not re-entered.
+  CompletionObject* target = staged_target_;
+  const std::uint32_t n = staged_count_;
+  staged_target_ = nullptr;
+  staged_count_ = 0;
+  target->signal_batch(staged_.data(), n);
 }
 
 std::size_t DeviceImpl::in_flight() const noexcept { return context_in_flight() + fragments_.backlog(); }

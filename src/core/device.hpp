@@ -22,6 +22,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -129,6 +130,8 @@ class DeviceImpl : public DeviceContext {
   void check_iovec_fits(const AmIovecArgs& a) const;
   // A whole message in its packet (received in one piece or reassembled): arrived.length is set.
   void on_packet(Packet* p);
+  // An arrived active message's completion, its payload in p (or copied out of it).
+  void fill_am(Completion& c, Packet* p, const WireHeader& h);
   // A message reassembled past a packet's size: p holds its header (kind am or msg), `heap`
   // its `size` payload bytes.
   void on_heap_message(Packet* p, unsigned char* heap, std::size_t size);
@@ -146,6 +149,11 @@ class DeviceImpl : public DeviceContext {
   static std::size_t message_size(const Packet* m) noexcept;
   void release_message(Packet* m) noexcept;
   void repost(Link& link);
+  // Signals the staged active messages (below) to their target, and empties the stage.
+  void flush_staged() noexcept {
+    if (staged_count_ != 0) flush_staged_slow();
+  }
+  void flush_staged_slow() noexcept;
   // The slow path of progress: the peer check, every 1024 calls, and failures not yet acted on.
   void check_failures();
   // Signals each receive taken off the matching engine for failed `rank` with the failure.
@@ -164,6 +172,16 @@ class DeviceImpl : public DeviceContext {
   std::uint32_t progress_calls_ = 0;
   std::uint32_t failures_seen_ = 0;    // the runtime's failure count last acted on
   std::vector<std::uint8_t> handled_;  // by rank: fail_peer ran
+  // The active messages this progress call received for one target, in arrival order, not yet
+  // signalled: they go to the target in one signal_batch (one claim of a CompletionQueue's
+  // ring for the run, not one per message) when a message for another target comes, when the
+  // stage is full, before the device signals anything else, and at the end of each link's
+  // events. So the order of everything this thread signals is unchanged, and nothing stays
+  // staged once progress returns. Owned by the poll lock holder; empty outside progress.
+  static constexpr std::uint32_t kStageMax = 16;
+  CompletionObject* staged_target_ = nullptr;
+  std::uint32_t staged_count_ = 0;
+  std::array<Completion, kStageMax> staged_;
 };
 // The context's credits (taken and returned by every sending thread) start a line of their own.
 static_assert(alignof(DeviceImpl) == cache_line);

@@ -81,6 +81,11 @@ class RuntimeImpl {
   void expose(CompletionObject& object, std::uint16_t id);
   void unexpose(std::uint16_t id) noexcept;
   void deliver(std::uint16_t id, Completion&& completion) noexcept;
+  // The object exposed under `id`, or null (not exposed yet, or out of range): deliver's
+  // fast path, for a caller that signals the object itself.
+  CompletionObject* exposed(std::uint16_t id) const noexcept {
+    return id < config_.max_targets ? targets_[id].load(std::memory_order_acquire) : nullptr;
+  }
   std::size_t max_targets() const noexcept { return config_.max_targets; }
 
  private:

@@ -153,6 +153,30 @@ TEST_P(CompletionQueueKinds, OverflowInterleavedWithPopsKeepsOrder) {
   EXPECT_FALSE(q.pop().has_value());
 }
 
+// A capacity above the hot tier (1024 entries) adds a cold queue before the overflow list.
+// One producer fills all three tiers while the consumer now and then takes some; through
+// signal and signal_batch alike, every entry comes out once and in the order signalled.
+TEST_P(CompletionQueueKinds, TiersKeepOrder) {
+  CompletionQueue q(options(2048));
+  ASSERT_EQ(q.capacity(), 2048u);
+  std::uint64_t next = 0, expect = 0;
+  auto take = [&](std::optional<Completion>&& c) {
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(ptr_tag(c->context), expect) << "popped out of order";
+    expect = ptr_tag(c->context) + 1;
+  };
+  std::vector<Completion> run;
+  for (int round = 0; round < 100; ++round) {
+    for (int i = 0; i < 30; ++i) q.signal(make(next++));
+    run.clear();
+    for (int i = 0; i < 20; ++i) run.push_back(make(next++));
+    q.signal_batch(run.data(), run.size());
+    for (int i = 0; i < 15; ++i) take(q.pop());  // 3500 in, 1500 out: every tier is used
+  }
+  while (expect < next) take(q.pop());
+  EXPECT_FALSE(q.pop().has_value());
+}
+
 // Buffers travel with completions: the popper owns them, and whatever is still queued (in the
 // ring or in the overflow list) is released when the queue is destroyed, exactly once.
 TEST_P(CompletionQueueKinds, BuffersReleasedExactlyOnce) {

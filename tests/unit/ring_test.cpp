@@ -1,6 +1,7 @@
 // ring_test.cpp — MpmcRing: the bounded MPMC queue under CompletionQueue and PacketPool.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -78,6 +79,101 @@ TEST(MpmcRing, FullPushFailsUntilAPop) {
 
 // Rounded up to a power of two; the requested number of elements always fits, and exactly
 // capacity() elements fit.
+// try_push_batch takes the longest prefix that fits, in order, and leaves the rest (and a
+// refused batch) with the caller; it works across the wrap of the ring.
+TEST(MpmcRing, BatchPushTakesThePrefixThatFits) {
+  MpmcRing<std::unique_ptr<int>> ring(8);
+  auto batch = [](int from, int n) {
+    std::vector<std::unique_ptr<int>> v;
+    for (int i = 0; i < n; ++i) v.push_back(std::make_unique<int>(from + i));
+    return v;
+  };
+  int next_out = 0;
+  auto pop_expect = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      std::unique_ptr<int> p;
+      ASSERT_TRUE(ring.try_pop(p));
+      ASSERT_NE(p, nullptr);
+      EXPECT_EQ(*p, next_out++);
+    }
+  };
+  auto a = batch(0, 5);
+  EXPECT_EQ(ring.try_push_batch(a.data(), a.size()), 5u);
+  for (auto& p : a) EXPECT_EQ(p, nullptr) << "a pushed item is moved-from";
+  auto b = batch(5, 6);
+  EXPECT_EQ(ring.try_push_batch(b.data(), b.size()), 3u);  // 3 cells left of 8
+  EXPECT_EQ(b[2], nullptr);
+  ASSERT_NE(b[3], nullptr);
+  EXPECT_EQ(*b[3], 8) << "the refused rest stays with the caller";
+  EXPECT_EQ(ring.try_push_batch(b.data() + 3, 3), 0u);  // full
+  ASSERT_NE(b[3], nullptr);
+  pop_expect(6);
+  EXPECT_EQ(ring.try_push_batch(b.data() + 3, 3), 3u);  // across the wrap
+  auto c = batch(11, 3);
+  EXPECT_EQ(ring.try_push_batch(c.data(), c.size()), 3u);
+  pop_expect(8);
+  std::unique_ptr<int> p;
+  EXPECT_FALSE(ring.try_pop(p));
+  EXPECT_EQ(ring.try_push_batch(c.data(), 0), 0u);
+}
+
+// Producers push batches of 1..9 while consumers pop: nothing lost or duplicated, and each
+// producer's items come out in the order it pushed them.
+TEST(MpmcRing, BatchPushesFromManyThreadsKeepEachProducersOrder) {
+  constexpr int kProducers = 3, kConsumers = 2;
+  const std::uint64_t per_producer = ferry::test::scaled(200'000, 20'000);
+  MpmcRing<std::uint64_t> ring(64);
+  std::atomic<bool> go{false};
+  std::atomic<std::uint64_t> popped{0};
+  std::atomic<int> errors{0};
+  std::vector<std::vector<std::uint64_t>> last(kConsumers, std::vector<std::uint64_t>(kProducers, 0));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kProducers; ++t) {
+    threads.emplace_back([&, t] {
+      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      std::uint64_t next = 1;
+      std::uint64_t items[9];
+      while (next <= per_producer) {
+        const std::size_t n = std::min<std::uint64_t>(1 + next % 9, per_producer - next + 1);
+        for (std::size_t i = 0; i < n; ++i) items[i] = (static_cast<std::uint64_t>(t) << 48) | (next + i);
+        std::size_t done = 0;
+        while (done < n) {
+          const std::size_t k = ring.try_push_batch(items + done, n - done);
+          if (k == 0) std::this_thread::yield();
+          done += k;
+        }
+        next += n;
+      }
+    });
+  }
+  const std::uint64_t total = per_producer * kProducers;
+  for (int c = 0; c < kConsumers; ++c) {
+    threads.emplace_back([&, c] {
+      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      while (popped.load(std::memory_order_relaxed) < total) {
+        std::uint64_t v = 0;
+        if (!ring.try_pop(v)) {
+          std::this_thread::yield();
+          continue;
+        }
+        popped.fetch_add(1, std::memory_order_relaxed);
+        const auto producer = static_cast<std::size_t>(v >> 48);
+        const std::uint64_t seq = v & ((std::uint64_t{1} << 48) - 1);
+        // Per consumer, one producer's items arrive in increasing order (a consumer's pops
+        // are ordered, and positions were claimed in the producer's order).
+        if (producer >= kProducers || seq <= last[static_cast<std::size_t>(c)][producer]) ++errors;
+        else last[static_cast<std::size_t>(c)][producer] = seq;
+      }
+    });
+  }
+  go.store(true, std::memory_order_release);
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(popped.load(), total);
+  EXPECT_EQ(errors.load(), 0);
+  std::uint64_t v = 0;
+  EXPECT_FALSE(ring.try_pop(v));
+}
+
 TEST(MpmcRing, CapacityRoundsUpToPowerOfTwo) {
   struct Case {
     std::size_t requested, expected;

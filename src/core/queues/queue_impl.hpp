@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <span>
 
 #include "ferry/completion.hpp"
 
@@ -19,6 +20,13 @@ class QueueImpl {
  public:
   virtual ~QueueImpl() = default;
   virtual bool push(Completion&& c) noexcept = 0;
+  // Pushes a prefix of `cs` in order and returns its length (moved-from entries); the rest
+  // stays with the caller, as a refused push does. The default pushes one at a time.
+  virtual std::size_t push_batch(std::span<Completion> cs) noexcept {
+    std::size_t k = 0;
+    while (k < cs.size() && push(std::move(cs[k]))) ++k;
+    return k;
+  }
   virtual bool pop(std::optional<Completion>& c) noexcept = 0;
   virtual std::size_t capacity() const noexcept = 0;
 };
