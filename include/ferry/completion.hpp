@@ -9,8 +9,9 @@
 //
 // Kinds:
 //  - CompletionQueue: a lock-free multi-producer multi-consumer queue of Completion records.
-//    When full, it spills into an overflow list rather than drop or wait. The entries one
-//    producer signals are popped in that order (spilled ones included).
+//    Past 1024 entries it is two queues, a small hot one in front of one of the full
+//    capacity; when both are full it spills into an overflow list rather than drop or wait.
+//    The entries one producer signals are popped in that order (spilled ones included).
 //  - Synchronizer: counts to n (like an MPI request when n == 1); test() / wait().
 //  - Handler: runs a callback inside progress (keep it short, it must not block).
 #pragma once
