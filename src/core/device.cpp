@@ -4,8 +4,10 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstddef>
 #include <cstring>
 #include <limits>
+#include <new>
 
 #include "common/log.hpp"
 #include "core/recv_blocks.hpp"
@@ -647,7 +649,11 @@ void DeviceImpl::on_event(Link& l, const net::Event& e) {
 bool DeviceImpl::progress() {
   if (!poll_lock_.try_lock()) return false;
   std::lock_guard<SpinLock> guard(poll_lock_, std::adopt_lock);
-  net::Event events[kPollBatch];
+  // Uninitialized: a transport writes every field of the events it returns (Transport::poll).
+  // Zeroing kPollBatch events (~900 bytes) cost ~46 instructions on every call, idle ones
+  // included. The byte array's lifetime creates the events implicitly (Event is an aggregate).
+  alignas(net::Event) std::byte event_bytes[sizeof(net::Event) * kPollBatch];
+  net::Event* const events = std::launder(reinterpret_cast<net::Event*>(event_bytes));
   bool any = false;
   // Rendezvous reads start here, before the poll, and only here: a synchronous get's
   // completion is then in this call's poll, so the application can return its receive block

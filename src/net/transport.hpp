@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/op_context.hpp"
@@ -99,6 +100,8 @@ struct Event {
   // reuse its memory.
   bool abandoned = false;
 };
+// Plain data, so a poll array may be raw storage in which the events are created implicitly.
+static_assert(std::is_aggregate_v<Event> && std::is_trivially_copyable_v<Event> && std::is_trivially_destructible_v<Event>);
 
 class Transport {
  public:
@@ -129,7 +132,8 @@ class Transport {
   virtual int get(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
                   detail::OpContext* ctx) = 0;
 
-  // Up to `max` events; returns how many.
+  // Up to `max` events; returns how many. Writes every field of events[0..n): the caller's
+  // array may be uninitialized.
   virtual int poll(Event* events, int max) = 0;
   // Asks for arrived messages in place (Event::lent) rather than copied into the posted
   // buffers, so a receiver that moves the bytes elsewhere anyway (reassembly) copies once.

@@ -219,6 +219,7 @@ class OfiTransport final : public Transport {
         out.rank = caps_.reports_source ? rank_of(sources[i]) : -1;
         out.remote_write = remote_write;
         out.abandoned = false;
+        out.lent = nullptr;
         out.data = e.data;
         // Only under FI_RX_CQ_DATA does a remote write consume a posted receive and carry its
         // context; otherwise op_context is the provider's own value (shm reports message ids
@@ -256,6 +257,7 @@ class OfiTransport final : public Transport {
     out.remote_write = false;
     out.error = to_errno(err.err != 0 ? err.err : FI_EIO);
     out.abandoned = false;
+    out.lent = nullptr;
     return 1;
   }
 
