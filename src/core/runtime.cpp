@@ -537,11 +537,9 @@ void RuntimeImpl::expose(CompletionObject& object, std::uint16_t id) {
 void RuntimeImpl::unexpose(std::uint16_t id) noexcept { targets_[id].store(nullptr, std::memory_order_release); }
 
 void RuntimeImpl::deliver(std::uint16_t id, Completion&& completion) noexcept {
-  if (id < config_.max_targets) {
-    if (CompletionObject* t = targets_[id].load(std::memory_order_acquire)) {
-      t->signal(std::move(completion));
-      return;
-    }
+  if (CompletionObject* t = exposed(id)) {
+    t->signal(std::move(completion));
+    return;
   }
   if (id >= config_.max_targets) {
     // No expose() can name it: parked, it would wait forever. The sender's id is not ours.
