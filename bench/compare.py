@@ -290,11 +290,13 @@ class Ferry(Impl):
     def __init__(self, r, args, entry):
         super().__init__(r, args)
         self.entry = entry
+        entry, _, inbox = entry.partition("@")
+        self.inbox = inbox or None  # "handler": the latency runs use ferry-bench pingpong --inbox handler
         transport, _, provider = entry.partition(":")
         self.transport = transport
         self.provider_req = provider or None
-        self.key = "ferry-" + entry.replace(":", "-")
-        self.label = "ferry " + entry
+        self.key = "ferry-" + self.entry.replace(":", "-").replace("@", "-")
+        self.label = "ferry " + self.entry
         self.env = {k: v for k, v in os.environ.items() if k not in ("FERRY_TRANSPORT", "FERRY_PROVIDER")}
         self.env_set = {"FERRY_TRANSPORT": transport}
         if provider:
@@ -348,10 +350,16 @@ class Ferry(Impl):
 
     def measure(self, metric, size, threads, count, tag):
         if metric == "latency":
-            j = self.r.json_result(tag, self.ferryrun("pingpong", "--size", size, "--iters", count, "--json"), self.env,
-                                   "pingpong")
+            inbox = ["--inbox", self.inbox] if self.inbox else []
+            j = self.r.json_result(tag, self.ferryrun("pingpong", "--size", size, "--iters", count, "--json", *inbox),
+                                   self.env, "pingpong")
             self._check(j)
+            if self.inbox and j.get("inbox") != self.inbox:
+                raise RunFailed("asked for --inbox %s, ferry-bench reports inbox %s" % (self.inbox, j.get("inbox")))
             return j["half_rtt_us"], j
+        if self.inbox:
+            raise NotApplicable("--inbox is a pingpong option: rates and bandwidths are those of ferry %s" %
+                                self.entry.split("@")[0])
         j = self.r.json_result(tag, self.ferryrun("msgrate", "--size", size, "--count", count, "--window",
                                                   self.args.window, "--threads", threads, "--json"), self.env, "msgrate")
         self._check(j)
@@ -361,7 +369,7 @@ class Ferry(Impl):
 
     def describe(self):
         return {"env": self.env_set, "transport": self.seen_transport, "transport_source": self.transport_source,
-                "provider": self.seen_provider}
+                "provider": self.seen_provider, "inbox": self.inbox or "queue"}
 
 
 class RawLibfabric(Impl):
@@ -563,9 +571,11 @@ def better(metric, a, b):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--transports", default="shm,ofi:shm",
+    ap.add_argument("--transports", default="shm,shm@handler,ofi:shm",
                     help="ferry transports, comma-separated: NAME sets FERRY_TRANSPORT=NAME, NAME:PROV also "
-                         "FERRY_PROVIDER=PROV (default shm,ofi:shm; e.g. shm,ofi:shm,ofi:tcp)")
+                         "FERRY_PROVIDER=PROV; a suffix @handler measures latency only, with the message handed "
+                         "to a Handler instead of popped from a CompletionQueue (default shm,shm@handler,ofi:shm; "
+                         "e.g. shm,ofi:shm,ofi:tcp)")
     ap.add_argument("--provider", default="shm", help="libfabric provider of the raw libfabric baseline (default shm)")
     ap.add_argument("--threads", type=int, default=2, help="T, threads per rank of the T-thread message rate (default 2)")
     ap.add_argument("--reps", type=int, default=None, help="runs of each measurement; medians reported (default 5)")
@@ -600,9 +610,10 @@ def main():
     if not bw_sizes or any(s < 1 for s in bw_sizes):
         ap.error("--bw-sizes needs sizes of at least 1 byte, got %r" % args.bw_sizes)
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
-    bad = [t for t in transports if not re.fullmatch(r"[a-z][a-z0-9_]*(:[A-Za-z0-9_;.-]+)?", t)]
+    bad = [t for t in transports if not re.fullmatch(r"[a-z][a-z0-9_]*(:[A-Za-z0-9_;.-]+)?(@handler|@queue)?", t)]
     if not transports or bad:
-        ap.error("--transports: %r: each entry is NAME or NAME:PROVIDER (shm, ofi:shm, ofi:tcp ...)" % args.transports)
+        ap.error("--transports: %r: each entry is NAME or NAME:PROVIDER (shm, ofi:shm, ofi:tcp ...), optionally "
+                 "with @handler (latency with ferry-bench pingpong --inbox handler)" % args.transports)
     if len(set(transports)) != len(transports):
         ap.error("--transports lists an entry twice: %r" % args.transports)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
@@ -847,6 +858,9 @@ def main():
             if not impl.skipped:
                 text += "; provider reported: %s; transport: %s (%s)" % (d.get("provider"), d.get("transport"),
                                                                          d.get("transport_source"))
+            if impl.inbox:
+                text += ("; latency only, with `pingpong --inbox %s`: each message is handed to a Handler run "
+                         "inside progress, not pushed to a CompletionQueue the thread pops" % impl.inbox)
             text += "".join("; " + n for n in impl.notes)
         elif impl.key == "libfabric":
             text = "fi_pingpong -p %s -e rdm; ferry-fi-msgrate -p %s" % (args.provider, args.provider)

@@ -120,6 +120,24 @@ class Counter final : public ferry::CompletionObject {
 // c and the payload pattern of (sending rank, c). Normally thread t uses channel t on both
 // ranks; the contention benchmark points several threads at one channel (many receivers
 // sharing one inbox, all acknowledging to one sender).
+// pingpong --inbox handler: the message is handed to a Handler inside progress, which parks it
+// here for the lane's thread (whichever thread ran progress). A ping-pong has at most one
+// message in flight per lane, so one slot is enough; a second is a protocol error, reported.
+struct Mailbox {
+  std::atomic<bool> full{false};
+  std::atomic<bool> overrun{false};
+  ferry::Completion slot;
+
+  void put(ferry::Completion&& c) noexcept {
+    if (full.load(std::memory_order_acquire)) {
+      overrun.store(true, std::memory_order_relaxed);
+      return;
+    }
+    slot = std::move(c);
+    full.store(true, std::memory_order_release);  // publishes slot to the lane's thread
+  }
+};
+
 struct Lane {
   ferry::Runtime& rt;
   ferry::Device& dev;
@@ -133,6 +151,7 @@ struct Lane {
   bool yield;
   Counter sent;
   std::uint64_t posted = 0;
+  Mailbox* mailbox = nullptr;  // set: messages arrive through a Handler, not the inbox
 
   void poll() {
     if (g_failed.load(std::memory_order_relaxed)) throw Aborted{};
@@ -167,6 +186,21 @@ struct Lane {
 
   // Waits for the next message in this thread's inbox and checks it is what the peer sent.
   ferry::Completion receive(std::size_t expect_size, bool full_check) {
+    if (mailbox != nullptr) {
+      for (;;) {
+        if (mailbox->full.load(std::memory_order_acquire)) {
+          ferry::Completion c = std::move(mailbox->slot);
+          mailbox->full.store(false, std::memory_order_release);
+          validate(c, expect_size, full_check);
+          return c;
+        }
+        if (mailbox->overrun.load(std::memory_order_relaxed)) {
+          throw std::runtime_error("rank " + std::to_string(rt.rank()) + " thread " + std::to_string(thread) +
+                                   ": a second message arrived before the first was taken");
+        }
+        poll();
+      }
+    }
     for (;;) {
       if (auto c = inbox.pop()) {
         validate(*c, expect_size, full_check);
@@ -239,16 +273,27 @@ struct Job {
   int devices;
   bool yield;
   std::vector<std::unique_ptr<ferry::CompletionQueue>> inboxes;
+  std::vector<std::unique_ptr<Mailbox>> mailboxes;  // --inbox handler only
+  std::vector<std::unique_ptr<ferry::Handler>> handlers;
   std::vector<ferry::Exposure> exposures;
 
-  Job(int threads_, int devices_, const std::string& lock_model, const std::string& yield_mode)
+  Job(int threads_, int devices_, const std::string& lock_model, const std::string& yield_mode,
+      bool handler_inbox = false)
       : rt(runtime_options(devices_, lock_model)), threads(threads_) {
     devices = rt.device_count();
     // All ranks of a ferryrun job share the host, so they compete for the same cores.
     yield = decide_yield(yield_mode, static_cast<unsigned>(threads) * static_cast<unsigned>(rt.size()));
     for (int t = 0; t < threads; ++t) {
       inboxes.push_back(std::make_unique<ferry::CompletionQueue>());
-      exposures.push_back(rt.expose(*inboxes.back(), static_cast<std::uint16_t>(Lane::target_id(t))));
+      const auto id = static_cast<std::uint16_t>(Lane::target_id(t));
+      if (handler_inbox) {
+        mailboxes.push_back(std::make_unique<Mailbox>());
+        Mailbox* m = mailboxes.back().get();
+        handlers.push_back(std::make_unique<ferry::Handler>([m](ferry::Completion&& c) { m->put(std::move(c)); }));
+        exposures.push_back(rt.expose(*handlers.back(), id));
+      } else {
+        exposures.push_back(rt.expose(*inboxes.back(), id));
+      }
     }
     // Every inbox exists before any rank sends (ferry would hold early messages anyway, but
     // the first timed round trip should not include that).
@@ -260,8 +305,9 @@ struct Job {
   std::unique_ptr<Lane> lane(int t, int channel = -1) {
     if (channel < 0) channel = t;
     const int peer = rt.rank() == 0 ? 1 : 0;
+    Mailbox* m = mailboxes.empty() ? nullptr : mailboxes[static_cast<std::size_t>(channel)].get();
     return std::unique_ptr<Lane>(new Lane{rt, rt.device(t % devices), *inboxes[static_cast<std::size_t>(channel)], t,
-                                          channel, peer, yield, {}, 0});
+                                          channel, peer, yield, {}, 0, m});
   }
 
   json base(const char* bench_name, std::int64_t size) {
@@ -325,8 +371,8 @@ bool require_two_ranks(const ferry::Runtime& rt, const char* sub) {
 // ---- pingpong ---------------------------------------------------------------------------
 
 int run_pingpong(const bench::PingpongArgs& a, int threads, int devices, const std::string& lock_model,
-                 const std::string& yield_mode) {
-  Job job(threads, devices, lock_model, yield_mode);
+                 const std::string& yield_mode, const std::string& inbox) {
+  Job job(threads, devices, lock_model, yield_mode, inbox == "handler");
   ferry::Runtime& rt = job.rt;
   if (!require_two_ranks(rt, "pingpong")) {
     rt.finalize();
@@ -396,6 +442,7 @@ int run_pingpong(const bench::PingpongArgs& a, int threads, int devices, const s
       j["iters"] = a.iters;
       j["warmup"] = a.warmup;
       j["reps"] = reps;
+      j["inbox"] = inbox;
       j["half_rtt_us"] = med;
       j["half_rtt_us_mean"] = avg;
       j["half_rtt_us_min"] = lo;
@@ -930,6 +977,7 @@ int main(int argc, char** argv) {
 
   std::string lock_model;  // empty: FERRY_LOCK_MODEL, else ferry's default
   std::string yield_mode = "auto";
+  std::string inbox = "queue";
   auto add_yield = [&](CLI::App* sub) {
     sub->add_option("--yield", yield_mode,
                     "waiting threads yield after an empty poll: auto (when busy threads outnumber the cores), on, off")
@@ -948,6 +996,11 @@ int main(int argc, char** argv) {
   add_devices(pingpong);
   add_lock_model(pingpong);
   add_yield(pingpong);
+  pingpong
+      ->add_option("--inbox", inbox,
+                   "how a message reaches the waiting thread: queue (a CompletionQueue it pops) or handler (a "
+                   "Handler run inside progress parks it in a slot the thread reads)")
+      ->check(CLI::IsMember({"queue", "handler"}));
 
   bench::MsgrateArgs mr;
   CLI::App* msgrate = app.add_subcommand(
@@ -985,7 +1038,7 @@ int main(int argc, char** argv) {
   if (const int code = bench::parse_or_exit_code(app, argc, argv, quiet); code >= 0) return code;
 
   try {
-    if (pingpong->parsed()) return run_pingpong(pp, threads, devices, lock_model, yield_mode);
+    if (pingpong->parsed()) return run_pingpong(pp, threads, devices, lock_model, yield_mode, inbox);
     if (msgrate->parsed()) return run_msgrate(mr, threads, devices, lock_model, yield_mode);
     if (contention->parsed()) return run_contention(ct, threads, lock_model, yield_mode);
     if (cq->parsed()) {

@@ -7,7 +7,7 @@
 # plot.png). Arguments go to compare.py:
 #   scripts/bench.sh --quick                        # one repetition, small counts: a smoke test
 #   scripts/bench.sh                                # medians of 5 interleaved repetitions
-#   scripts/bench.sh --transports shm,ofi:shm,ofi:tcp --threads 4 --reps 7 --out results/mine
+#   scripts/bench.sh --transports shm,shm@handler,ofi:shm,ofi:tcp --threads 4 --reps 7 --out results/mine
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
