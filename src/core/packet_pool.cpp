@@ -133,10 +133,7 @@ PacketPool::~PacketPool() {
   std::free(slab_);
 }
 
-PacketPool::ThreadCache* PacketPool::cache() noexcept {
-  CacheTable* table = tls_table;
-  if (table == nullptr && (table = make_table()) == nullptr) return nullptr;
-  ThreadCache*& c = table->slot[slot_];
+PacketPool::ThreadCache* PacketPool::cache_slow(ThreadCache*& c) noexcept {
   if (c == nullptr) {
     c = new (std::nothrow) ThreadCache;  // once per thread and pool slot, not per message
     if (c == nullptr) return nullptr;
@@ -145,6 +142,15 @@ PacketPool::ThreadCache* PacketPool::cache() noexcept {
     c->generation = generation_;
     c->count = 0;
   }
+  return c;
+}
+
+// Inlined into get and put: a call there cost as much as the lookup itself.
+[[gnu::always_inline]] inline PacketPool::ThreadCache* PacketPool::cache() noexcept {
+  CacheTable* table = tls_table;
+  if (table == nullptr && (table = make_table()) == nullptr) return nullptr;
+  ThreadCache*& c = table->slot[slot_];
+  if (__builtin_expect(c == nullptr || c->generation != generation_, 0)) return cache_slow(c);
   return c;
 }
 

@@ -178,6 +178,7 @@ class PacketPool {
 
  private:
   ThreadCache* cache() noexcept;
+  [[gnu::noinline]] ThreadCache* cache_slow(ThreadCache*& c) noexcept;  // a new thread, or a new pool in the slot
   // Moves up to `n` packets from the shared list into `out`; returns how many (one CAS).
   std::uint32_t take_shared(Packet** out, std::uint32_t n) noexcept;
   // Pushes out[0..n) onto the shared list with one CAS.

@@ -1,10 +1,11 @@
 // eager.hpp — the small-message protocol: header and payload in one transport message.
 //
 // A message whose header and payload the transport injects (copies at once) goes without a
-// packet or a completion: up to the stack frame's size the two are assembled on the stack;
-// past it, a transport that gathers takes the header and the caller's buffer as two parts. A larger one
-// goes through a pool packet and the transport's send (or inject), whose completion returns
-// the packet. Either way the post completes at once. No allocation, no blocking lock.
+// packet or a completion: a transport that gathers takes the header and the caller's buffer as
+// two parts and copies each once, straight into the message; one that does not gets the two
+// assembled in a frame on the stack, up to the frame's size. A larger one goes through a pool
+// packet and the transport's send (or inject), whose completion returns the packet. Either way
+// the post completes at once. No allocation, no blocking lock.
 #pragma once
 
 #include <cstddef>
@@ -28,12 +29,13 @@ Status inject_gathered(DeviceContext& dc, Link& l, MsgKind kind, std::uint16_t t
 // Sends an eager am or msg of `size` <= dc.packet_eager_limit() payload bytes to `rank` over `l`.
 inline Status post_eager(DeviceContext& dc, Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank,
                          const void* buffer, std::size_t size) {
-  // A small frame on the stack is the cheapest (one copy of a few lines into the transport).
+  // A gathering transport (ferry's shared memory) copies header and payload once each, into the
+  // message itself: no frame to build and copy first.
+  if (kHeader + size <= l.gather_size) return inject_gathered(dc, l, kind, target, tag, rank, buffer, size);
+  // Otherwise a small frame on the stack is the cheapest (one copy of a few lines into the transport).
   if (kHeader + size <= kStackInject && kHeader + size <= l.inject_size) {
     return inject_small(dc, l, kind, target, tag, rank, buffer, size);
   }
-  // Past it, a gathering transport copies the payload once, from the caller's buffer.
-  if (kHeader + size <= l.gather_size) return inject_gathered(dc, l, kind, target, tag, rank, buffer, size);
   Packet* p = dc.pool().get();
   if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);
   fill_header(p, kind, target, dc.rank(), tag);

@@ -11,6 +11,7 @@
 #include <new>
 
 #include "common/log.hpp"
+#include "common/small_copy.hpp"
 #include "ferry/error.hpp"
 #include "net/shm/cma.hpp"
 
@@ -266,8 +267,8 @@ int ShmTransport::inject_parts(int rank, const void* head, std::size_t head_len,
   c->length = static_cast<std::uint32_t>(head_len + body_len);
   c->rank = rank_;
   c->kind = static_cast<std::uint32_t>(CellKind::message);
-  if (head_len > 0) std::memcpy(cell_payload(c), head, head_len);
-  if (body_len > 0) std::memcpy(cell_payload(c) + head_len, body, body_len);
+  detail::copy_small(cell_payload(c), head, head_len);
+  detail::copy_small(cell_payload(c) + head_len, body, body_len);
   CellQueue::publish(c, pos);
   return 0;
 }
@@ -693,7 +694,7 @@ int ShmTransport::poll(Event* events, int max) {
             continue;  // the cell stays the caller's until the next poll
           }
           const std::size_t copied = len <= r->len ? len : r->len;
-          if (copied > 0) std::memcpy(r->buf, cell_payload(c), copied);
+          detail::copy_small(r->buf, cell_payload(c), copied);
           ev.length = copied;
           ev.error = len <= r->len ? 0 : -EMSGSIZE;
           break;
