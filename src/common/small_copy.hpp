@@ -8,10 +8,20 @@
 #pragma once
 
 #include <cstddef>
-#include <cstdint>
 #include <cstring>
 
 namespace ferry::detail {
+
+// n in [W, 2W]: the first and the last W bytes, as two loads then two stores (they overlap
+// when n < 2W, harmlessly: both carry the same source bytes).
+template <std::size_t W>
+inline void copy_two_words(unsigned char* d, const unsigned char* s, std::size_t n) noexcept {
+  unsigned char lo[W], hi[W];
+  std::memcpy(lo, s, W);
+  std::memcpy(hi, s + n - W, W);
+  std::memcpy(d, lo, W);
+  std::memcpy(d + n - W, hi, W);
+}
 
 inline void copy_small(void* dst, const void* src, std::size_t n) noexcept {
   auto* d = static_cast<unsigned char*>(dst);
@@ -19,23 +29,11 @@ inline void copy_small(void* dst, const void* src, std::size_t n) noexcept {
   if (n > 32) {
     std::memcpy(d, s, n);
   } else if (n >= 16) {
-    unsigned char lo[16], hi[16];
-    std::memcpy(lo, s, 16);
-    std::memcpy(hi, s + n - 16, 16);
-    std::memcpy(d, lo, 16);
-    std::memcpy(d + n - 16, hi, 16);
+    copy_two_words<16>(d, s, n);
   } else if (n >= 8) {
-    std::uint64_t lo, hi;
-    std::memcpy(&lo, s, 8);
-    std::memcpy(&hi, s + n - 8, 8);
-    std::memcpy(d, &lo, 8);
-    std::memcpy(d + n - 8, &hi, 8);
+    copy_two_words<8>(d, s, n);
   } else if (n >= 4) {
-    std::uint32_t lo, hi;
-    std::memcpy(&lo, s, 4);
-    std::memcpy(&hi, s + n - 4, 4);
-    std::memcpy(d, &lo, 4);
-    std::memcpy(d + n - 4, &hi, 4);
+    copy_two_words<4>(d, s, n);
   } else {
     for (std::size_t i = 0; i < n; ++i) d[i] = s[i];
   }
