@@ -6,6 +6,8 @@
 //   build/bin/ferryrun -n 2 build/bin/ferry-bench msgrate --size 8 --count 100000 --window 64
 //   build/bin/ferryrun -n 2 build/bin/ferry-bench contention --pattern recv --threads 4 --lock-model lockq
 //   build/bin/ferry-bench cq --threads 2 --ops 1000000
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -465,8 +467,38 @@ int run_pingpong(const bench::PingpongArgs& a, int threads, int devices, const s
 
 // ---- msgrate ----------------------------------------------------------------------------
 
+// A thread's message buffer for msgrate. With --huge-pages it is 2 MiB-aligned and advised for
+// transparent huge pages (madvise MADV_HUGEPAGE): a large message then spans a few huge pages
+// rather than hundreds of 4 KiB ones, which a cross-memory-attach read of it pins one by one.
+class MessageBuffer {
+ public:
+  MessageBuffer(std::size_t size, bool huge) {
+    if (!huge) {
+      plain_.resize(std::max<std::size_t>(size, 1));
+      return;
+    }
+    constexpr std::size_t kHuge = std::size_t{2} << 20;
+    const std::size_t bytes = (std::max<std::size_t>(size, 1) + kHuge - 1) / kHuge * kHuge;
+    huge_ = static_cast<unsigned char*>(std::aligned_alloc(kHuge, bytes));
+    if (huge_ == nullptr) throw std::runtime_error("--huge-pages: cannot allocate " + std::to_string(bytes) + " bytes");
+    advised_ = madvise(huge_, bytes, MADV_HUGEPAGE) == 0;
+  }
+  ~MessageBuffer() { std::free(huge_); }
+  MessageBuffer(const MessageBuffer&) = delete;
+  MessageBuffer& operator=(const MessageBuffer&) = delete;
+  unsigned char* data() noexcept { return huge_ != nullptr ? huge_ : plain_.data(); }
+  // False when the kernel refused the advice (transparent huge pages off): the run then
+  // measures ordinary pages, and says so.
+  bool advised() const noexcept { return advised_; }
+
+ private:
+  std::vector<unsigned char> plain_;
+  unsigned char* huge_ = nullptr;
+  bool advised_ = false;
+};
+
 int run_msgrate(const bench::MsgrateArgs& a, int threads, int devices, const std::string& lock_model,
-                 const std::string& yield_mode) {
+                 const std::string& yield_mode, bool huge_pages) {
   Job job(threads, devices, lock_model, yield_mode);
   ferry::Runtime& rt = job.rt;
   if (!require_two_ranks(rt, "msgrate")) {
@@ -481,11 +513,13 @@ int run_msgrate(const bench::MsgrateArgs& a, int threads, int devices, const std
   std::vector<Clock::time_point> starts(static_cast<std::size_t>(threads));
   std::vector<Clock::time_point> ends(static_cast<std::size_t>(threads));
   std::barrier start_line(threads);
+  std::atomic<bool> huge_refused{false};
 
   if (rank <= 1) {
     run_threads(threads, [&](int t) {
       auto lane = job.lane(t);
-      std::vector<unsigned char> buf(std::max<std::size_t>(size, 1));
+      MessageBuffer buf(size, huge_pages);
+      if (huge_pages && !buf.advised()) huge_refused.store(true, std::memory_order_relaxed);
       bench::fill_pattern(buf.data(), size, rank, t);
       unsigned char ack[ack_size];
       bench::fill_pattern(ack, ack_size, rank, t);
@@ -536,6 +570,8 @@ int run_msgrate(const bench::MsgrateArgs& a, int threads, int devices, const std
       j["seconds"] = secs;
       j["msgs_per_s"] = rate;
       j["mbytes_per_s"] = rate * static_cast<double>(size) / 1e6;
+      // Rank 0's buffers only: rank 1's advice is its own (it prints nothing).
+      j["huge_pages"] = huge_pages ? (huge_refused.load() ? "refused" : "advised") : "off";
       bench::print_json(j);
     } else {
       std::printf(
@@ -1010,6 +1046,9 @@ int main(int argc, char** argv) {
   add_devices(msgrate);
   add_lock_model(msgrate);
   add_yield(msgrate);
+  bool huge_pages = false;
+  msgrate->add_flag("--huge-pages", huge_pages,
+                    "message buffers 2 MiB-aligned and advised for transparent huge pages (madvise MADV_HUGEPAGE)");
 
   bench::ContentionArgs ct;
   CLI::App* contention = app.add_subcommand(
@@ -1039,7 +1078,7 @@ int main(int argc, char** argv) {
 
   try {
     if (pingpong->parsed()) return run_pingpong(pp, threads, devices, lock_model, yield_mode, inbox);
-    if (msgrate->parsed()) return run_msgrate(mr, threads, devices, lock_model, yield_mode);
+    if (msgrate->parsed()) return run_msgrate(mr, threads, devices, lock_model, yield_mode, huge_pages);
     if (contention->parsed()) return run_contention(ct, threads, lock_model, yield_mode);
     if (cq->parsed()) {
       ferry::QueueKind kind = ferry::QueueKind::default_kind;
