@@ -148,6 +148,37 @@ TEST(ShmTransport, InjectPartsGathersHeaderAndBody) {
   EXPECT_EQ(ev[1].error, 0);
 }
 
+// Small messages are copied inline (common/small_copy.hpp) on both sides: every split of a
+// message of up to 48 bytes into header and body arrives byte for byte, and the receive writes
+// nothing past the message (nor past a smaller receive buffer, which truncates).
+TEST(ShmTransport, SmallMessagesArriveExactlyAtEverySplit) {
+  auto t = make(0, 1, ShmCopy::automatic);
+  t->connect({t->address()});
+  t->connected();
+  std::vector<unsigned char> src(48);
+  fill(src.data(), src.size(), 3);
+  constexpr std::size_t kGuard = 16;
+  for (std::size_t total = 0; total <= src.size(); ++total) {
+    for (std::size_t head = 0; head <= total; ++head) {
+      for (const std::size_t room : {total, std::size_t{8}}) {
+        ASSERT_EQ(t->inject_parts(0, src.data(), head, src.data() + head, total - head), 0);
+        std::vector<unsigned char> b(room + kGuard, 0xee);
+        OpContext r;
+        ASSERT_EQ(t->post_recv(b.data(), room, nullptr, &r), 0);
+        Event ev[2];
+        ASSERT_EQ(t->poll(ev, 2), 1);
+        const std::size_t got = std::min(total, room);
+        ASSERT_EQ(ev[0].length, got) << "total " << total << " head " << head << " room " << room;
+        ASSERT_EQ(ev[0].error, total <= room ? 0 : -EMSGSIZE);
+        ASSERT_EQ(std::memcmp(b.data(), src.data(), got), 0) << "total " << total << " head " << head;
+        for (std::size_t i = got; i < b.size(); ++i) {
+          ASSERT_EQ(b[i], 0xee) << "byte " << i << " written; total " << total << " head " << head << " room " << room;
+        }
+      }
+    }
+  }
+}
+
 // Lending: a received message comes in its cell (the posted buffer stays untouched), the
 // cell stays out of the senders' reach until the next poll; a truncating receive and a small
 // message are still copied.
