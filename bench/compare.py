@@ -610,7 +610,7 @@ def main():
     if not bw_sizes or any(s < 1 for s in bw_sizes):
         ap.error("--bw-sizes needs sizes of at least 1 byte, got %r" % args.bw_sizes)
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
-    bad = [t for t in transports if not re.fullmatch(r"[a-z][a-z0-9_]*(:[A-Za-z0-9_;.-]+)?(@handler|@queue)?", t)]
+    bad = [t for t in transports if not re.fullmatch(r"[a-z][a-z0-9_]*(:[A-Za-z0-9_;.-]+)?(@handler)?", t)]
     if not transports or bad:
         ap.error("--transports: %r: each entry is NAME or NAME:PROVIDER (shm, ofi:shm, ofi:tcp ...), optionally "
                  "with @handler (latency with ferry-bench pingpong --inbox handler)" % args.transports)

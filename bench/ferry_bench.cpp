@@ -116,15 +116,13 @@ class Counter final : public ferry::CompletionObject {
   std::atomic<int> first_error_{0};
 };
 
-// One benchmark thread's view of the network: its device, its inbox and how it waits.
-//
-// Messages travel on a channel c: they go to the peer's inbox exposed as target 1+c, carry tag
-// c and the payload pattern of (sending rank, c). Normally thread t uses channel t on both
-// ranks; the contention benchmark points several threads at one channel (many receivers
-// sharing one inbox, all acknowledging to one sender).
 // pingpong --inbox handler: the message is handed to a Handler inside progress, which parks it
 // here for the lane's thread (whichever thread ran progress). A ping-pong has at most one
 // message in flight per lane, so one slot is enough; a second is a protocol error, reported.
+// `full` hands the slot over both ways: put's release store of true publishes the completion
+// to the lane's acquire load; the lane's release store of false (after moving it out) pairs
+// with put's acquire load, so the next put cannot overwrite a slot still being read.
+// `overrun` only reports: relaxed.
 struct Mailbox {
   std::atomic<bool> full{false};
   std::atomic<bool> overrun{false};
@@ -140,6 +138,12 @@ struct Mailbox {
   }
 };
 
+// One benchmark thread's view of the network: its device, its inbox and how it waits.
+//
+// Messages travel on a channel c: they go to the peer's inbox exposed as target 1+c, carry tag
+// c and the payload pattern of (sending rank, c). Normally thread t uses channel t on both
+// ranks; the contention benchmark points several threads at one channel (many receivers
+// sharing one inbox, all acknowledging to one sender).
 struct Lane {
   ferry::Runtime& rt;
   ferry::Device& dev;
