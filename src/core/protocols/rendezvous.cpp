@@ -60,6 +60,8 @@ struct RecvOp {
   std::size_t issued = 0;
   std::size_t completed = 0;
   bool abandoned = false;  // a chunk's context may still be held by the transport
+  RecvOp* live_prev = nullptr;  // Rendezvous's list of unfinished ops (under its live_mutex_)
+  RecvOp* live_next = nullptr;
 };
 
 std::uint64_t PendingSends::add(SendOp* op, int rank) {
@@ -285,6 +287,36 @@ void Rendezvous::fail_peer(int rank) {
   for (SendOp* send : failed) complete_send(send, peer_failed_error);
 }
 
+// The device goes while ops are unfinished (finalize gave up waiting, say for a peer that
+// failed mid-read): each op is freed, but its chunks (whose contexts the transport may still
+// hold) and its receive blocks (which a read may still be writing) are buried with the device,
+// which frees them after its transports have closed.
+Rendezvous::~Rendezvous() {
+  while (RecvOp* op = live_head_) {
+    untrack(op);
+    if (op->goal != RecvOp::Goal::user_recv) {
+      dc_.bury(std::move(op->chunks), std::move(op->parts));
+    } else {
+      dc_.bury(std::move(op->chunks));
+    }
+    delete op;
+  }
+}
+
+void Rendezvous::track(RecvOp* op) {
+  std::lock_guard<std::mutex> guard(live_mutex_);
+  op->live_next = live_head_;
+  if (live_head_ != nullptr) live_head_->live_prev = op;
+  live_head_ = op;
+}
+
+void Rendezvous::untrack(RecvOp* op) {
+  std::lock_guard<std::mutex> guard(live_mutex_);
+  if (op->live_prev != nullptr) op->live_prev->live_next = op->live_next; else live_head_ = op->live_next;
+  if (op->live_next != nullptr) op->live_next->live_prev = op->live_prev;
+  op->live_prev = op->live_next = nullptr;
+}
+
 // Issues a RecvOp's reads as credits allow; true when all are issued.
 bool Rendezvous::issue_reads(RecvOp* op) {
   net::Transport* t = op->link->transport;
@@ -386,6 +418,7 @@ void Rendezvous::finish(RecvOp* op) {
       dc_.deliver(op->target, std::move(c));
       break;
   }
+  untrack(op);
   delete op;
   dc_.close_op();
   if (!send_fin(rank, send_op)) {
@@ -412,6 +445,7 @@ void Rendezvous::start_recv(Packet* rts, const RecvDescriptor* recv) {
     }
   }
   auto* op = new RecvOp{};
+  track(op);
   op->rank = h.src;
   op->tag = h.tag;
   op->target = h.target;

@@ -66,6 +66,9 @@ class PendingSends {
 class Rendezvous {
  public:
   explicit Rendezvous(DeviceContext& dc) : dc_(dc) {}
+  ~Rendezvous();
+  Rendezvous(const Rendezvous&) = delete;
+  Rendezvous& operator=(const Rendezvous&) = delete;
 
   // An am (target) or tagged send of `size` bytes.
   Status post(OpKind op, int rank, Tag tag, std::uint16_t target, const void* buffer, std::size_t size,
@@ -103,6 +106,10 @@ class Rendezvous {
   bool issue_reads(RecvOp* op);
   void prepare(RecvOp* op);
   void finish(RecvOp* op);
+  // Every RecvOp from its creation (start_recv: progress, or a thread posting a receive) to
+  // its finish, so the destructor frees the unfinished ones. Large-message path only.
+  void track(RecvOp* op);
+  void untrack(RecvOp* op);
   bool send_fin(int rank, std::uint64_t send_op);
   // Confirms a posted send; completes it with peer_failed_error if its rank failed meanwhile.
   void confirm(std::uint64_t id, int rank);
@@ -112,6 +119,8 @@ class Rendezvous {
   DeviceContext& dc_;
   PendingSends pending_;
   std::ptrdiff_t read_budget_ = 0;  // used by deferred steps, which only progress runs
+  std::mutex live_mutex_;
+  RecvOp* live_head_ = nullptr;  // the unfinished RecvOps (track/untrack)
 };
 
 }  // namespace ferry::detail
