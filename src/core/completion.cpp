@@ -181,17 +181,19 @@ void CompletionQueue::signal(Completion&& completion) noexcept {
   // Order: pop() drains the hot queue, then the cold one, then the overflow list, so once an
   // entry has gone to a later tier everything after it must go there too until that tier is
   // empty; otherwise a later entry that found room earlier would overtake it.
-  //  - overflow_size_ is relaxed: a producer ordered after the spill (the same thread, or one
-  //    that took the progress lock after it) sees the count; producers that race with each
-  //    other have no order to keep.
+  //  - The producer's loads of overflow_size_ and cold_count_ are relaxed: a producer ordered
+  //    after the spill (the same thread, or one that took the progress lock after it) sees
+  //    the count; producers that race with each other have no order to keep.
   //  - cold_count_ is raised before the push into the cold queue and lowered only after a pop
   //    from it, so it is never below the number of entries there: a thread that pushed into
   //    the cold queue sees a count above zero until that entry is popped, and so sends its
-  //    next entries there too. Relaxed for the same reason as overflow_size_.
+  //    next entries there too.
+  //  - Raising either count is a release, for pop(): a consumer that sees the count also sees
+  //    every hot (and, for the overflow, cold) entry signalled before it.
   if (overflow_size_.load(std::memory_order_relaxed) == 0) {
     if (cold_count_.load(std::memory_order_relaxed) == 0 && impl_->push(std::move(completion))) return;
     if (cold_ != nullptr) {
-      cold_count_.fetch_add(1, std::memory_order_relaxed);
+      cold_count_.fetch_add(1, std::memory_order_release);  // after the hot entries: see pop()
       if (cold_->push(std::move(completion))) return;
       cold_count_.fetch_sub(1, std::memory_order_relaxed);
     }
@@ -215,19 +217,33 @@ void CompletionQueue::signal_batch(Completion* completions, std::size_t count) n
 void CompletionQueue::spill(Completion* completions, std::size_t count) noexcept {
   std::lock_guard<std::mutex> guard(overflow_mutex_);
   for (std::size_t i = 0; i < count; ++i) overflow_.push_back(std::move(completions[i]));
-  overflow_size_.store(overflow_.size(), std::memory_order_relaxed);
+  overflow_size_.store(overflow_.size(), std::memory_order_release);  // after the earlier tiers' entries: see pop()
 }
 
 std::optional<Completion> CompletionQueue::pop() noexcept {
   std::optional<Completion> c;  // one object all the way: the queue constructs into it (NRVO)
   if (impl_->pop(c)) return c;
-  // Relaxed is enough for both counts: a stale zero only delays a waiting entry to a later
-  // pop, and the entry itself comes through its tier's own synchronization.
-  if (cold_count_.load(std::memory_order_relaxed) != 0 && cold_->pop(c)) {
-    cold_count_.fetch_sub(1, std::memory_order_relaxed);
+  // The hot queue looked empty. Whatever waits in a later tier was signalled after everything
+  // the hot queue holds, and while a later tier holds entries nothing new enters an earlier
+  // one (see signal()); until a consumer takes such an entry, its count stays above zero
+  // (consumers that race with each other have no order between them). So: read the counts,
+  // then look at the hot queue again, then at the tiers the counts name. Without the second
+  // look, a consumer preempted between its first look and the counts would find the cold (or
+  // spilled) entry of a burst that filled the hot queue meanwhile, and return it ahead of the
+  // whole hot queue. Acquire pairs with the release raise in signal() and spill(): the
+  // entries signalled before the raise are visible here. The fast path above is unchanged.
+  const std::size_t cold = cold_count_.load(std::memory_order_acquire);
+  const std::size_t spilled = overflow_size_.load(std::memory_order_acquire);
+  if (cold == 0 && spilled == 0) return c;
+  if (impl_->pop(c)) return c;
+  // A cold entry whose push is still under way (counted, not yet published) is older than
+  // any spilled entry: a spill comes after that push in signal order, so when both counts
+  // were seen, a cold queue that still looks empty holds nothing older than the overflow.
+  if (cold != 0 && cold_->pop(c)) {
+    cold_count_.fetch_sub(1, std::memory_order_relaxed);  // only lowers: see signal()
     return c;
   }
-  if (overflow_size_.load(std::memory_order_relaxed) != 0) {
+  if (spilled != 0) {
     std::lock_guard<std::mutex> guard(overflow_mutex_);
     if (!overflow_.empty()) {
       c.emplace(std::move(overflow_.front()));

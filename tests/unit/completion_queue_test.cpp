@@ -1,6 +1,8 @@
 // completion_queue_test.cpp — the public completion objects (CompletionQueue, Synchronizer,
 // Handler) and Buffer, exercised directly through signal() as progress() would.
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <atomic>
 #include <cstdint>
@@ -175,6 +177,54 @@ TEST_P(CompletionQueueKinds, TiersKeepOrder) {
   }
   while (expect < next) take(q.pop());
   EXPECT_FALSE(q.pop().has_value());
+}
+
+// A consumer that found the hot queue empty and is preempted before it looks at the later
+// tiers must not, once it runs again, take a later tier's entry while the hot queue holds
+// older ones: the producer may have filled the hot queue and spilled past it meanwhile. Both
+// threads share one CPU (when the host lets them), so the consumer, spinning on an empty
+// queue, is preempted at a random point of pop() and the producer's burst of more than the
+// hot queue holds runs while it sleeps. Capacity 1024 spills straight to the overflow list,
+// 4096 to the cold queue first.
+TEST_P(CompletionQueueKinds, APreemptedConsumerNeverTakesALaterTierFirst) {
+  for (const std::size_t capacity : {std::size_t{1024}, std::size_t{4096}}) {
+    CompletionQueue q(options(capacity));
+    constexpr std::uint64_t kBurst = 1500;  // past the hot tier (1024)
+    const auto bursts = static_cast<std::uint64_t>(ferry::test::scaled(60, 20));
+    std::atomic<std::uint64_t> popped{0};
+    std::atomic<long> out_of_order{0};
+    std::atomic<bool> done{false};
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    const int cpu = sched_getcpu();
+    CPU_SET(cpu < 0 ? 0 : cpu, &one);
+    auto pin = [&] { (void)pthread_setaffinity_np(pthread_self(), sizeof one, &one); };  // best effort
+    std::thread consumer([&] {
+      pin();
+      std::uint64_t expect = 0;
+      while (!done.load(std::memory_order_acquire) || popped.load(std::memory_order_relaxed) < bursts * kBurst) {
+        std::optional<Completion> c = q.pop();
+        if (!c) continue;
+        if (ptr_tag(c->context) != expect) out_of_order.fetch_add(1, std::memory_order_relaxed);
+        expect = ptr_tag(c->context) + 1;
+        popped.fetch_add(1, std::memory_order_release);
+      }
+    });
+    std::thread producer([&] {
+      pin();
+      std::uint64_t next = 0;
+      for (std::uint64_t b = 0; b < bursts; ++b) {
+        for (std::uint64_t i = 0; i < kBurst; ++i) q.signal(make(next++));
+        while (popped.load(std::memory_order_acquire) < next) std::this_thread::yield();
+      }
+      done.store(true, std::memory_order_release);
+    });
+    producer.join();
+    consumer.join();
+    EXPECT_EQ(out_of_order.load(), 0) << "capacity " << capacity << ": " << out_of_order.load()
+                                      << " entries popped out of order";
+    EXPECT_EQ(popped.load(), bursts * kBurst);
+  }
 }
 
 // Buffers travel with completions: the popper owns them, and whatever is still queued (in the
