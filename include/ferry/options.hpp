@@ -289,6 +289,8 @@ struct RuntimeOptions {
   std::string fragment{};  // auto, off
   std::size_t fragment_max = 0;
   std::size_t recv_cache = 0;
+  std::size_t recv_huge = 0;
+  std::string rdv_read{};  // auto, read, push
   int peer_check_ms = 0;
   std::string peer_timeout_ms{};  // milliseconds as text; "0": off
   std::string launcher_watch{};  // on, off
@@ -307,6 +309,10 @@ enum class TransportKind : std::uint8_t { automatic, shm, ofi };
 // How the shared-memory backend moves large data: `automatic` uses cross-memory attach where
 // the kernel allows it, else copies through shared memory.
 enum class ShmCopyMode : std::uint8_t { automatic, cma, copy };
+// How a rendezvous into one of ferry's receive buffers moves its data where the transport can
+// do either: the receiver reads, or the sender writes on request (`automatic`: writes into
+// buffers on 2 MiB pages).
+enum class RdvRead : std::uint8_t { automatic, read, push };
 // sync is the ferry parcelport's mechanism; the core's queues use the array ring for it.
 enum class CompletionMechanism : std::uint8_t { cq, cq_ms, cq_lock, sync };
 // thread:N is carried out by the core (N progress threads), the others by the layer above.
@@ -332,6 +338,8 @@ struct RuntimeSettings {
   FragmentMode fragment = FragmentMode::on;
   std::size_t fragment_max = 0;
   std::size_t recv_cache = 0;
+  std::size_t recv_huge = 0;
+  RdvRead rdv_read = RdvRead::automatic;
   int peer_check_ms = 0;
   int peer_timeout_ms = 0;  // 0: no keepalive
   bool launcher_watch = true;

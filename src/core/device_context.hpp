@@ -65,6 +65,7 @@ struct Chunk {
   std::size_t size;
   std::uint64_t remote_addr;
   std::uint64_t key;
+  bool push;  // read by asking the target to write (Transport::get_pushed); false from add_chunks
 };
 static_assert(offsetof(Chunk, ctx) == 0);
 

@@ -252,6 +252,17 @@ const RuntimeOptionTable& runtime_option_table() {
                   "bytes of large receive buffers (rendezvous and reassembled payloads) a process keeps for "
                   "reuse once the application drops them; 0: each is freed"},
                  &O::recv_cache, &S::recv_cache),
+          option({"recv_huge", "FERRY_RECV_HUGE", T::size, "1048576", {}, 0, std::size_t{1} << 40, nullptr,
+                  "large receive buffers of at least this many bytes are mappings of their own on 2 MiB pages "
+                  "(advised; each holds at least 2 MiB), so a peer's single-copy write into them pins few "
+                  "pages; 0: none"},
+                 &O::recv_huge, &S::recv_huge),
+          option({"rdv_read", "FERRY_RDV_READ", T::choice, "auto", {"auto", "read", "push"}, 0, 0, nullptr,
+                  "how a rendezvous into a receive buffer of ferry's moves its data where the transport "
+                  "offers both (ferry's shm with cross-memory attach): read (the receiver reads the sender's "
+                  "memory), push (the receiver asks, the sender's progress writes), auto (push into "
+                  "buffers on 2 MiB pages, see FERRY_RECV_HUGE; read otherwise)"},
+                 &O::rdv_read, &S::rdv_read),
           option({"peer_check_ms", "FERRY_PEER_CHECK_MS", T::count, "200", {}, 1, 60000, nullptr,
                   "how often, in milliseconds, progress checks that the processes of peers on this host are "
                   "alive (a peer whose process ended without finalizing is reported within two such intervals), "

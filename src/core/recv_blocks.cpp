@@ -1,5 +1,8 @@
 #include "core/recv_blocks.hpp"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -22,6 +25,9 @@ constexpr std::uint32_t kUncached = 0xFFFFFFFFu;
 
 struct Prefix {
   std::uint32_t klass;
+  std::uint32_t huge;       // 1: a mapping of its own, its payload on 2 MiB pages (madvised)
+  std::size_t footprint;    // bytes the block holds: what the cache counts
+  void* map;                // huge blocks: the mapping to unmap
 };
 static_assert(sizeof(Prefix) <= kPrefix);
 
@@ -36,12 +42,54 @@ struct Cache {
   Class classes[kClasses];
   alignas(cache_line) std::atomic<std::size_t> cached{0};
   std::atomic<std::size_t> limit{std::size_t{256} << 20};
+  std::atomic<std::size_t> huge_from{0};  // 0: never
 };
 
 // Never destroyed: buffers may be released by static destructors or after main returns.
 Cache& cache() noexcept {
   static Cache* c = new Cache;
   return *c;
+}
+
+constexpr std::size_t kSmallPage = 4096;
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+
+std::size_t round_up(std::size_t n, std::size_t to) noexcept { return (n + to - 1) / to * to; }
+
+// A block on 2 MiB pages: its payload starts on a 2 MiB boundary (plus the offset), its prefix
+// sits at the end of the 4 KiB page before it, and the mapping runs to the payload's end (plus
+// a line of slack) but at least one whole 2 MiB page, the least the kernel backs with a huge
+// page. Null when the kernel maps nothing (the caller falls back to the allocator).
+void* take_huge(unsigned k, std::size_t bytes, std::size_t offset) noexcept {
+  const std::size_t tail = std::max(round_up(bytes + cache_line, kSmallPage), kHugePage);
+  const std::size_t span = kSmallPage + tail + kHugePage;  // room to align
+  void* m = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  const auto base = reinterpret_cast<std::uintptr_t>(m);
+  const std::uintptr_t payload = round_up(base + kSmallPage, kHugePage);
+  const std::uintptr_t keep = payload - kSmallPage;
+  const std::uintptr_t end = payload + tail;
+  if (keep > base) ::munmap(m, keep - base);
+  if (base + span > end) ::munmap(reinterpret_cast<void*>(end), base + span - end);
+  // Advice only: where the kernel has no huge pages to give, the block still works.
+  const bool advised = ::madvise(reinterpret_cast<void*>(payload), tail, MADV_HUGEPAGE) == 0;
+  auto* prefix = reinterpret_cast<Prefix*>(payload - kPrefix);
+  *prefix = Prefix{k, advised ? 1u : 0u, kSmallPage + tail, reinterpret_cast<void*>(keep)};
+  return reinterpret_cast<unsigned char*>(payload) + offset;
+}
+
+Prefix* prefix_of(const void* block) noexcept {
+  // Back to the block's cache line (take's offset is below one), then past the prefix.
+  const auto at = reinterpret_cast<std::uintptr_t>(block) & ~static_cast<std::uintptr_t>(cache_line - 1);
+  return reinterpret_cast<Prefix*>(at - kPrefix);
+}
+
+void release_memory(Prefix* p) noexcept {
+  if (p->map != nullptr) {
+    ::munmap(p->map, p->footprint);
+  } else {
+    std::free(p);
+  }
 }
 
 unsigned class_of(std::size_t size) noexcept {
@@ -63,37 +111,39 @@ void* take(std::size_t size, std::size_t offset) noexcept {
     if (cl.count != 0) block = cl.blocks[--cl.count];
     cl.lock.unlock();
     if (block != nullptr) {
-      c.cached.fetch_sub(std::size_t{1} << (k + kMinShift), std::memory_order_relaxed);
+      c.cached.fetch_sub(static_cast<Prefix*>(block)->footprint, std::memory_order_relaxed);
       return static_cast<unsigned char*>(block) + kPrefix + offset;
     }
   }
   const std::size_t bytes = k < kClasses ? (std::size_t{1} << (k + kMinShift)) : size;
   // A size no process can hold (a hostile peer's, say) fails here, without asking the allocator.
   if (bytes >= kNoAllocation) return nullptr;
+  const std::size_t huge_from = c.huge_from.load(std::memory_order_relaxed);
+  if (k < kClasses && huge_from != 0 && bytes >= huge_from) {
+    if (void* block = take_huge(k, bytes, offset)) return block;  // else the allocator's pages
+  }
   // A cache line of slack at the end leaves room for any offset; aligned_alloc wants a
   // multiple of the alignment.
   const std::size_t total = (kPrefix + bytes + cache_line + cache_line - 1) / cache_line * cache_line;
   void* raw = std::aligned_alloc(cache_line, total);
   if (raw == nullptr) return nullptr;
-  static_cast<Prefix*>(raw)->klass = k < kClasses ? k : kUncached;
+  *static_cast<Prefix*>(raw) = Prefix{k < kClasses ? k : kUncached, 0, bytes, nullptr};
   return static_cast<unsigned char*>(raw) + kPrefix + offset;
 }
 
 void give(void* block) noexcept {
   if (block == nullptr) return;
-  // Back to the block's cache line (take's offset is below one), then past the prefix.
-  const auto at = reinterpret_cast<std::uintptr_t>(block) & ~static_cast<std::uintptr_t>(cache_line - 1);
-  void* raw = reinterpret_cast<unsigned char*>(at) - kPrefix;
-  const std::uint32_t k = static_cast<Prefix*>(raw)->klass;
+  Prefix* p = prefix_of(block);
+  const std::uint32_t k = p->klass;
   Cache& c = cache();
   if (k != kUncached) {
-    const std::size_t bytes = std::size_t{1} << (k + kMinShift);
+    const std::size_t bytes = p->footprint;
     if (c.cached.load(std::memory_order_relaxed) + bytes <= c.limit.load(std::memory_order_relaxed)) {
       Class& cl = c.classes[k];
       bool kept = false;
       cl.lock.lock();
       if (cl.count < kSlots) {
-        cl.blocks[cl.count++] = raw;
+        cl.blocks[cl.count++] = p;
         kept = true;
       }
       cl.lock.unlock();
@@ -103,7 +153,7 @@ void give(void* block) noexcept {
       }
     }
   }
-  std::free(raw);
+  release_memory(p);
 }
 
 void set_limit(std::size_t bytes) noexcept {
@@ -118,11 +168,16 @@ void set_limit(std::size_t bytes) noexcept {
       if (cl.count != 0) raw = cl.blocks[--cl.count];
       cl.lock.unlock();
       if (raw == nullptr) break;
-      c.cached.fetch_sub(std::size_t{1} << (k + kMinShift), std::memory_order_relaxed);
-      std::free(raw);
+      auto* p = static_cast<Prefix*>(raw);
+      c.cached.fetch_sub(p->footprint, std::memory_order_relaxed);
+      release_memory(p);
     }
   }
 }
+
+void set_huge_from(std::size_t bytes) noexcept { cache().huge_from.store(bytes, std::memory_order_relaxed); }
+
+bool huge(const void* block) noexcept { return block != nullptr && prefix_of(block)->huge != 0; }
 
 std::size_t cached_bytes() noexcept { return cache().cached.load(std::memory_order_relaxed); }
 

@@ -152,6 +152,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
                 "heartbeats (raise FERRY_PEER_TIMEOUT_MS, lower FERRY_PEER_CHECK_MS, or set FERRY_PEER_TIMEOUT_MS=0)");
   }
   recv_blocks::set_limit(config_.recv_cache);
+  recv_blocks::set_huge_from(config_.recv_huge);
   boot_ = bootstrap::make_bootstrap(options_.value("bootstrap"));  // the row's text: auto, single, pmi1, pmix
   rank_ = boot_->rank();
   set_log_rank(rank_);  // lines logged without a runtime at hand name this process's rank

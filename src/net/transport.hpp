@@ -51,6 +51,8 @@ struct Caps {
   // inject_parts() copies a header and a body from separate buffers straight into the message,
   // so the caller need not first assemble them in one frame.
   bool gather_inject = false;
+  // get_pushed() differs from get() for some peers: the target writes the data on request.
+  bool pushed_get = false;
 };
 
 // What a registration allows.
@@ -131,6 +133,16 @@ class Transport {
   virtual int inject_put(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key) = 0;
   virtual int get(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
                   detail::OpContext* ctx) = 0;
+
+  // A get that the target may serve by writing into `buf` itself (its own progress does it),
+  // for a caller that knows the target is progressing: one that waits for this read's outcome,
+  // as a rendezvous sender waits for its FIN. Same contract and event as get(); the default is
+  // get(). Where the destination sits on large pages, a write by the target can be cheaper than
+  // a read by the caller (ferry's shm: the single copy pins the destination's pages).
+  virtual int get_pushed(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
+                         detail::OpContext* ctx) {
+    return get(rank, buf, len, desc, addr, key, ctx);
+  }
 
   // Up to `max` events; returns how many. Writes every field of events[0..n): the caller's
   // array may be uninitialized.

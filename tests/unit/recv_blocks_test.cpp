@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -16,8 +17,17 @@ namespace {
 // Every test starts and ends with an empty cache and the default limit.
 class RecvBlocks : public testing::Test {
  protected:
-  void SetUp() override { rb::set_limit(0); rb::set_limit(kDefault); }
-  void TearDown() override { rb::set_limit(0); rb::set_limit(kDefault); }
+  // No block on 2 MiB pages unless a test asks (a Runtime made by another test sets its own).
+  void SetUp() override {
+    rb::set_huge_from(0);
+    rb::set_limit(0);
+    rb::set_limit(kDefault);
+  }
+  void TearDown() override {
+    rb::set_huge_from(0);
+    rb::set_limit(0);
+    rb::set_limit(kDefault);
+  }
   static constexpr std::size_t kDefault = std::size_t{256} << 20;
 };
 
@@ -101,6 +111,39 @@ TEST_F(RecvBlocks, TinyAndHugeSizesWork) {
   EXPECT_EQ(rb::take(std::size_t{1} << 47), nullptr);
   EXPECT_EQ(rb::take(std::size_t{1} << 60, 17), nullptr);
   EXPECT_EQ(rb::take(SIZE_MAX), nullptr);
+}
+
+// From the huge-page size on (FERRY_RECV_HUGE), a block is a mapping of its own: its payload
+// starts on a 2 MiB boundary (plus the offset), the whole size is usable, it is counted at
+// what it holds (at least one 2 MiB page and the page before it), kept and reused like any
+// other, and unmapped when the cache lets it go. Smaller classes are untouched.
+TEST_F(RecvBlocks, BlocksFromTheHugeSizeOnStartOnA2MiBBoundary) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  rb::set_huge_from(kMiB);
+  void* small = rb::take(512 << 10);
+  ASSERT_NE(small, nullptr);
+  EXPECT_FALSE(rb::huge(small));
+  void* a = rb::take(kMiB, 48);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a) % (2 * kMiB), 48u) << "the payload starts 48 bytes past 2 MiB";
+  std::memset(a, 0x5A, kMiB);
+  void* b = rb::take(3 * kMiB);  // a 4 MiB class: two whole huge pages and a small one
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b) % (2 * kMiB), 0u);
+  std::memset(b, 0xA5, 3 * kMiB);
+  // madvise may be refused where the kernel has no transparent huge pages; the layout holds.
+  if (!rb::huge(a)) std::printf("note: MADV_HUGEPAGE refused here; blocks keep the 2 MiB layout\n");
+  rb::give(a);
+  EXPECT_EQ(rb::cached_bytes(), 2 * kMiB + 4096) << "a 1 MiB block on a huge page holds 2 MiB and a page";
+  void* again = rb::take(kMiB);
+  EXPECT_EQ(static_cast<unsigned char*>(again) + 48, a) << "the same block, at offset 0 this time";
+  EXPECT_EQ(static_cast<unsigned char*>(again)[100], 0x5A) << "kept, not remapped";
+  rb::give(again);
+  rb::give(b);
+  rb::give(small);
+  EXPECT_EQ(rb::cached_bytes(), (2 * kMiB + 4096) + (4 * kMiB + 8192) + (512 << 10));
+  rb::set_limit(0);  // unmaps the huge blocks, frees the small one
+  EXPECT_EQ(rb::cached_bytes(), 0u);
 }
 
 TEST_F(RecvBlocks, ThreadsTakeAndGiveConcurrentlyWithoutSharingABlock) {

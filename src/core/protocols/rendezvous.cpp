@@ -330,13 +330,20 @@ bool Rendezvous::issue_reads(RecvOp* op) {
   while (op->issued < op->chunks.size()) {
     Chunk& c = op->chunks[op->issued];
     if (read_budget_ <= 0) return false;
+    // Pushed reads complete asynchronously, so the budget does not hold them back: kPushWindow
+    // does. A full window ends the budget too, so later steps take no receive block either.
+    if (c.push && pushing_ != 0 && pushing_ + c.size > kPushWindow) {
+      read_budget_ = 0;
+      return false;
+    }
     // Out of credits or transport resources: later reads wait too, so they neither overtake
     // this one nor take receive blocks they cannot fill yet.
     if (!dc_.take_credit()) {
       read_budget_ = 0;
       return false;
     }
-    int rc = t->get(op->rank, c.local, c.size, c.desc, c.remote_addr, c.key, &c.ctx);
+    int rc = c.push ? t->get_pushed(op->rank, c.local, c.size, c.desc, c.remote_addr, c.key, &c.ctx)
+                    : t->get(op->rank, c.local, c.size, c.desc, c.remote_addr, c.key, &c.ctx);
     if (rc == -EAGAIN) {
       dc_.return_credit();
       read_budget_ = 0;
@@ -355,6 +362,7 @@ bool Rendezvous::issue_reads(RecvOp* op) {
       ++op->completed;  // treat as finished-with-error so the op can complete
     }
     read_budget_ -= static_cast<std::ptrdiff_t>(c.size);
+    if (c.push && rc == 0) pushing_ += c.size;
     ++op->issued;
   }
   return true;
@@ -520,6 +528,21 @@ void Rendezvous::start_recv(Packet* rts, const RecvDescriptor* recv) {
   });
 }
 
+// Whether a read into receive block `block` over `l` asks the sender to write instead
+// (FERRY_RDV_READ). The sender is waiting for this rendezvous's FIN, so it makes progress,
+// which serves the request; a user's RMA get never goes this way (its target may not
+// progress). Writing pays where the block is on 2 MiB pages: the single copy then pins the
+// block's few huge pages rather than the sender's many small ones.
+bool Rendezvous::pushes_into(const Link& l, const void* block) const noexcept {
+  if (!l.caps->pushed_get || block == nullptr) return false;
+  switch (dc_.config().rdv_read) {
+    case RdvRead::read: return false;
+    case RdvRead::push: return true;
+    case RdvRead::automatic: break;
+  }
+  return recv_blocks::huge(block);
+}
+
 // Takes the receive blocks of an am or iovec RecvOp and cuts its reads into chunks. When memory
 // is short the op reads nothing and completes with -ENOMEM (the sender still gets its FIN).
 void Rendezvous::prepare(RecvOp* op) {
@@ -538,8 +561,12 @@ void Rendezvous::prepare(RecvOp* op) {
         op->registrations.push_back(l.transport->register_memory(dst, part.size, net::Access::recv));
         desc = op->registrations.back()->desc();
       }
+      const std::size_t first = op->chunks.size();
       add_chunks(op->chunks, op, CtxKind::rdv_read, static_cast<unsigned char*>(dst), desc, part.size, part.addr,
                  part.key, l.caps->max_rma_size);
+      if (pushes_into(l, dst)) {
+        for (std::size_t i = first; i < op->chunks.size(); ++i) op->chunks[i].push = true;
+      }
     }
   } catch (const std::exception& e) {
     FERRY_LOG_AT(error, dc_.rank(), dc_.index(), "cannot receive a rendezvous from rank %d: %s", op->rank, e.what());
@@ -569,6 +596,7 @@ void Rendezvous::on_fin(Packet* p) {
 void Rendezvous::on_read(Chunk* c, int error, bool abandoned) {
   auto* op = static_cast<RecvOp*>(c->owner);
   dc_.return_credit();
+  if (c->push) pushing_ -= c->size;
   if (abandoned) op->abandoned = true;
   if (error != 0) {
     if (peer_gone_error(error) || dc_.peer_down(op->rank)) {

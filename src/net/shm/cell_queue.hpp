@@ -64,11 +64,13 @@ enum class CellKind : std::uint32_t {
   message = 1,       // a send or inject; payload = the message
   remote_write = 2,  // a put_data's notice: arg0 = data, arg1 = bytes written
   put_chunk = 3,     // copy mode: payload goes to the receiver's address arg0
-  get_request = 4,   // copy mode: arg0 = address, arg1 = request id, payload[0..8) = bytes wanted
+  get_request = 4,   // arg0 = address, arg1 = request id, payload[0..8) = bytes wanted; a pushed
+                     // get adds payload[8..16) = where to write them in the requester
   get_reply = 5,     // copy mode: arg0 = request id, arg1 = offset; aux = errno (0: data follows)
   nop = 6,           // a claimed cell whose operation failed after the claim: skip it
+  get_done = 7,      // a pushed get was written: arg0 = request id, arg1 = bytes; aux = errno
 };
-inline constexpr std::uint32_t kCellKindMax = 6;
+inline constexpr std::uint32_t kCellKindMax = 7;
 
 struct CellHeader {
   std::atomic<std::uint64_t> seq;

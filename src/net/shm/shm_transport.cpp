@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
 #include <cstdlib>
 #include <cstring>
@@ -208,6 +209,7 @@ void ShmTransport::connect(const std::vector<std::string>& addresses) {
   // transport offers one-copy gets only when every peer it reaches allows them.
   for (int r = 0; r < size_; ++r) {
     if (peers_[static_cast<std::size_t>(r)].mode == Mode::copy) caps_.one_copy_get = false;
+    if (peers_[static_cast<std::size_t>(r)].mode == Mode::cma) caps_.pushed_get = true;
   }
 }
 
@@ -393,7 +395,21 @@ int ShmTransport::get(int rank, void* buf, std::size_t len, void*, std::uint64_t
     complete(ctx, 0, rank, 0);
     return 0;
   }
-  // Copy mode: claim a slot for the request, then the request's cell.
+  return request_get(*p, rank, buf, len, addr, false, ctx);  // copy mode: the target's poll replies
+}
+
+int ShmTransport::get_pushed(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
+                             detail::OpContext* ctx) {
+  Peer* p = peer(rank);
+  if (p == nullptr) return -EHOSTUNREACH;
+  if (p->mode != Mode::cma || len == 0) return get(rank, buf, len, desc, addr, key, ctx);
+  return request_get(*p, rank, buf, len, addr, true, ctx);
+}
+
+// A get the target serves from its poll: a slot for the request, then the request's cell
+// ([bytes wanted] for a reply in cells, [bytes wanted][destination] for a write).
+int ShmTransport::request_get(Peer& p, int rank, void* buf, std::size_t len, std::uint64_t addr, bool push,
+                              detail::OpContext* ctx) noexcept {
   const std::uint64_t start = get_hint_.fetch_add(1, std::memory_order_relaxed);
   GetSlot* slot = nullptr;
   std::size_t index = 0;
@@ -410,7 +426,7 @@ int ShmTransport::get(int rank, void* buf, std::size_t len, void*, std::uint64_t
   }
   if (slot == nullptr) return -EAGAIN;
   std::uint64_t pos = 0;
-  CellHeader* c = p->queue.try_claim(pos, claim_mark_);
+  CellHeader* c = p.queue.try_claim(pos, claim_mark_);
   if (c == nullptr) {
     slot->state.store(gen << 2 | kSlotFree, std::memory_order_release);
     return -EAGAIN;
@@ -421,13 +437,13 @@ int ShmTransport::get(int rank, void* buf, std::size_t len, void*, std::uint64_t
   slot->received = 0;
   slot->rank = rank;
   slot->state.store(gen << 2 | kSlotArmed, std::memory_order_release);
-  const std::uint64_t want = len;
-  c->length = sizeof want;
+  const std::uint64_t request[2] = {len, reinterpret_cast<std::uintptr_t>(buf)};
+  c->length = push ? sizeof request : sizeof request[0];
   c->rank = rank_;
   c->kind = static_cast<std::uint32_t>(CellKind::get_request);
   c->arg0 = addr;
   c->arg1 = (gen << kGetSlotBits) | index;
-  std::memcpy(cell_payload(c), &want, sizeof want);
+  std::memcpy(cell_payload(c), request, c->length);
   CellQueue::publish(c, pos);
   return 0;
 }
@@ -517,7 +533,16 @@ void ShmTransport::progress_puts() noexcept {
 void ShmTransport::progress_serves() noexcept {
   for (auto it = serves_.begin(); it != serves_.end();) {
     Serve& s = *it;
+    // A failed requester's queue may never drain: its requests are dropped.
+    if (!failed_.empty() && failed_[static_cast<std::size_t>(s.rank)] != 0) {
+      it = serves_.erase(it);
+      continue;
+    }
     CellQueue& q = peers_[static_cast<std::size_t>(s.rank)].queue;
+    if (s.push) {
+      it = serve_push(s, q) ? serves_.erase(it) : it + 1;
+      continue;
+    }
     bool finished = false;
     for (;;) {
       std::uint64_t pos = 0;
@@ -544,6 +569,34 @@ void ShmTransport::progress_serves() noexcept {
     }
     it = finished ? serves_.erase(it) : it + 1;
   }
+}
+
+// A pushed get: one process_vm_writev into the requester's destination (once), then the
+// notice that it is done, when the requester's queue has a cell for it. True when sent.
+bool ShmTransport::serve_push(Serve& s, CellQueue& q) noexcept {
+  if (s.offset == 0 && s.error == 0) {
+    const int rc = cma_write(peers_[static_cast<std::size_t>(s.rank)].pid,
+                             reinterpret_cast<const void*>(static_cast<std::uintptr_t>(s.addr)), s.len, s.dest);
+    if (rc != 0) {
+      FERRY_LOG(warn, "shm: writing %" PRIu64 " bytes that rank %d asked for failed: %s", s.len, s.rank,
+                std::strerror(-rc));
+      s.error = -rc;
+    }
+    s.offset = s.len;  // written (or failed): only the notice is left
+  }
+  std::uint64_t pos = 0;
+  CellHeader* c = q.try_claim(pos, claim_mark_);
+  if (c == nullptr) return false;
+  c->length = 0;
+  c->rank = rank_;
+  c->kind = static_cast<std::uint32_t>(CellKind::get_done);
+  c->aux = static_cast<std::uint32_t>(s.error);
+  c->arg0 = s.id;
+  c->arg1 = s.error == 0 ? s.len : 0;
+  // The release orders the write before the notice: process_vm_writev's stores were made on
+  // this thread's behalf before it returned.
+  CellQueue::publish(c, pos);
+  return true;
 }
 
 bool ShmTransport::region_allows(std::uint64_t addr, std::uint64_t len, Access need) noexcept {
@@ -573,11 +626,25 @@ void ShmTransport::on_get_request(CellHeader* c, std::uint32_t len, int src) noe
   s.rank = src;
   s.addr = c->arg0;
   s.id = c->arg1;
-  if (len != sizeof(std::uint64_t) || peers_[static_cast<std::size_t>(src)].mode == Mode::none) {
+  const Mode mode = peers_[static_cast<std::size_t>(src)].mode;
+  if ((len != sizeof(std::uint64_t) && len != 2 * sizeof(std::uint64_t)) || mode == Mode::none) {
     FERRY_LOG(warn, "shm: skipped a malformed get request from rank %d", src);
     return;
   }
-  std::memcpy(&s.len, cell_payload(c), sizeof s.len);
+  std::uint64_t request[2] = {0, 0};
+  std::memcpy(request, cell_payload(c), len);
+  s.len = request[0];
+  if (len == sizeof request) {
+    // A write into the requester: only where this rank reaches it by cross-memory attach (the
+    // kernel then checks the destination is the requester's own writable memory).
+    s.push = true;
+    s.dest = request[1];
+    if (mode != Mode::cma && mode != Mode::self) {
+      FERRY_LOG(error, "shm: refused a %" PRIu64 "-byte pushed get by rank %d: no cross-memory attach to it", s.len,
+                src);
+      s.error = EOPNOTSUPP;
+    }
+  }
   if (!region_allows(s.addr, s.len, Access::remote_read)) {
     FERRY_LOG(error, "shm: refused a %" PRIu64 "-byte get by rank %d from 0x%" PRIx64
               ": not inside a region registered for remote reads", s.len, src, s.addr);
@@ -588,6 +655,69 @@ void ShmTransport::on_get_request(CellHeader* c, std::uint32_t len, int src) noe
   } catch (...) {
     FERRY_LOG(error, "shm: out of memory queueing a get by rank %d", src);
   }
+}
+
+bool ShmTransport::on_get_done(CellHeader* c, int src, Event& ev) noexcept {
+  const std::uint64_t id = c->arg0;
+  const std::uint64_t written = c->arg1;
+  const std::uint32_t error = c->aux;
+  GetSlot& s = gets_[static_cast<std::size_t>(id & (kGetSlots - 1))];
+  const std::uint64_t st = s.state.load(std::memory_order_acquire);
+  const std::uint64_t gen = st >> 2;
+  if ((st & 3) != kSlotArmed || gen != id >> kGetSlotBits || s.rank != src || s.received != 0 ||
+      (error == 0 && written != s.len)) {
+    FERRY_LOG(warn, "shm: dropped a get notice from rank %d that matches no outstanding pushed get", src);
+    return false;
+  }
+  ev = Event{};
+  ev.context = s.ctx;
+  ev.rank = s.rank;
+  ev.error = error == 0 ? 0 : error < 4096 ? -static_cast<int>(error) : -EIO;
+  ev.length = error == 0 ? s.len : 0;
+  s.state.store((gen + 1) << 2 | kSlotFree, std::memory_order_release);
+  return true;
+}
+
+// Gets outstanding at a failed rank are given up once its process is gone, or after the grace
+// period (a rank failed by its keepalive may still be running, and still write). A late reply
+// finds its slot's generation moved on and is dropped; the caller never reuses the memory of
+// an abandoned get (Event::abandoned).
+int ShmTransport::abandon_gets(Event* events, int max) noexcept {
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_abandon_check_) return 0;
+  next_abandon_check_ = now + std::chrono::milliseconds(1);
+  int n = 0;
+  for (auto it = failing_.begin(); it != failing_.end();) {
+    if (now < it->deadline && peer_alive(it->rank)) {
+      ++it;
+      continue;
+    }
+    bool all = true;
+    const int before = n;
+    for (std::size_t i = 0; i < kGetSlots; ++i) {
+      GetSlot& s = gets_[i];
+      const std::uint64_t st = s.state.load(std::memory_order_acquire);
+      if ((st & 3) != kSlotArmed || s.rank != it->rank) continue;
+      if (n == max) {
+        all = false;
+        break;
+      }
+      Event& ev = events[n++];
+      ev = Event{};
+      ev.context = s.ctx;
+      ev.rank = s.rank;
+      ev.error = -EHOSTDOWN;
+      ev.abandoned = true;
+      s.state.store(((st >> 2) + 1) << 2 | kSlotFree, std::memory_order_release);
+    }
+    it->abandoned += n - before;
+    if (!all) break;
+    if (it->abandoned != 0) {
+      FERRY_LOG(warn, "shm: gave up %d get(s) outstanding at failed rank %d", it->abandoned, it->rank);
+    }
+    it = failing_.erase(it);
+  }
+  return n;
 }
 
 bool ShmTransport::on_get_reply(CellHeader* c, std::uint32_t len, int src, Event& ev) noexcept {
@@ -633,6 +763,7 @@ int ShmTransport::poll(Event* events, int max) {
   // The caller is done with what the last poll lent.
   for (int i = 0; i < lent_count_; ++i) rx_.release(lent_cells_[i], lent_positions_[i]);
   lent_count_ = 0;
+  if (__builtin_expect(!failing_.empty(), 0)) n = abandon_gets(events, max);
   progress_puts();  // copy-mode puts, and notices that did not fit at post
   if (!serves_.empty()) progress_serves();
   while (n < max) {
@@ -713,6 +844,9 @@ int ShmTransport::poll(Event* events, int max) {
         case CellKind::get_reply:
           if (on_get_reply(c, len, src, events[n])) ++n;
           break;
+        case CellKind::get_done:
+          if (on_get_done(c, src, events[n])) ++n;
+          break;
         case CellKind::nop: break;
       }
     }
@@ -727,6 +861,12 @@ void ShmTransport::peer_failed(int rank) {
   if (rank < 0 || rank >= size_) return;
   if (failed_.empty()) failed_.assign(static_cast<std::size_t>(size_), 0);
   failed_[static_cast<std::size_t>(rank)] = 1;
+  try {
+    failing_.push_back(Failing{rank, std::chrono::steady_clock::now() + std::chrono::milliseconds(kAbandonGraceMs)});
+  } catch (...) {
+    FERRY_LOG(error, "shm: out of memory recording rank %d's failure: its outstanding gets may never complete", rank);
+  }
+  next_abandon_check_ = {};
 }
 
 // --- Registration --------------------------------------------------------------------------

@@ -30,6 +30,12 @@
 //    are outstanding per transport (beyond: -EAGAIN). The registration table is a map under
 //    a mutex (registrations come from any thread); only copy-mode chunks and get requests
 //    consult it, never the message path or CMA.
+//  - Pushed gets (get_pushed, with CMA to the target): a "get request" cell that also names the
+//    destination; the target's poll writes it with one process_vm_writev and answers with a
+//    "get done" cell. Used by core only for rendezvous reads into its receive blocks, whose
+//    sender polls anyway (it waits for the FIN); the README says why it is faster.
+//  - A failed peer: its outstanding copy-mode and pushed gets are given up (abandoned error
+//    events) once its process is gone or after kAbandonGraceMs; requests from it are dropped.
 //  - Ranks talk to themselves through their own queue (self-sends); RMA to oneself is a
 //    memcpy, except in forced copy mode, where it takes the copy path too.
 //  - Bytes read from a cell were written by another process: every field is checked before
@@ -39,6 +45,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -123,6 +130,10 @@ class ShmTransport final : public Transport {
   int inject_put(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key) override;
   int get(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
           detail::OpContext* ctx) override;
+  // With cross-memory attach to `rank`: a request that rank's poll serves by one
+  // process_vm_writev into `buf`, then a "get done" cell. Otherwise get().
+  int get_pushed(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
+                 detail::OpContext* ctx) override;
   int poll(Event* events, int max) override;
   bool lend_receives() override;
   int inject_parts(int rank, const void* head, std::size_t head_len, const void* body, std::size_t body_len) override;
@@ -130,7 +141,8 @@ class ShmTransport final : public Transport {
   void deregister(Registration* r) noexcept override;
   void cancel_all() noexcept override;
   // The rank failed: a cell it claimed in this rank's queue and never published is passed
-  // over (CellQueue::skip_dead_claim) instead of stalling the queue.
+  // over (CellQueue::skip_dead_claim) instead of stalling the queue, and the gets it was to
+  // answer are given up (abandon_gets, from later polls).
   void peer_failed(int rank) override;
 
   // How RMA to `rank` moves data: "self" (memcpy), "cma", "copy", or "none" (no address).
@@ -151,10 +163,17 @@ class ShmTransport final : public Transport {
     Mode mode = Mode::none;
   };
   struct GetSlot;
-  struct Serve {  // a get request this rank answers (copy mode), poll-private
+  struct Serve {  // a get request this rank answers (copy mode, or a pushed get), poll-private
     std::int32_t rank;
     std::int32_t error;  // positive errno to report instead of data, or 0
     std::uint64_t addr, len, offset, id;
+    bool push;           // write into the requester at dest (offset == len once written)
+    std::uint64_t dest;
+  };
+  struct Failing {  // a failed rank whose outstanding gets are not given up yet
+    int rank;
+    std::chrono::steady_clock::time_point deadline;
+    int abandoned = 0;  // gets given up so far
   };
   struct Region {
     std::uintptr_t end;
@@ -176,6 +195,11 @@ class ShmTransport final : public Transport {
   void on_put_chunk(CellHeader* c, std::uint32_t len, int src) noexcept;
   void on_get_request(CellHeader* c, std::uint32_t len, int src) noexcept;
   bool on_get_reply(CellHeader* c, std::uint32_t len, int src, Event& ev) noexcept;
+  bool on_get_done(CellHeader* c, int src, Event& ev) noexcept;
+  int request_get(Peer& p, int rank, void* buf, std::size_t len, std::uint64_t addr, bool push,
+                  detail::OpContext* ctx) noexcept;
+  bool serve_push(Serve& s, CellQueue& q) noexcept;
+  int abandon_gets(Event* events, int max) noexcept;
 
   const int rank_;
   const std::uint64_t claim_mark_ = CellQueue::claim_mark(rank_);  // this rank's mark on the cells it claims
@@ -187,6 +211,8 @@ class ShmTransport final : public Transport {
   CellQueue rx_;
   std::uint64_t head_ = 0;  // rx_'s consumer position (poll-lock holder)
   std::vector<std::uint8_t> failed_;  // by rank, once one failed: 1 if failed (poll-lock holder)
+  std::vector<Failing> failing_;       // poll-lock holder
+  std::chrono::steady_clock::time_point next_abandon_check_{};
   std::unique_ptr<Peer[]> peers_;
 
   detail::MpscQueue<DoneNode> done_;  // local completions (any thread pushes, poll pops)
