@@ -106,10 +106,10 @@ class Rendezvous {
   // Bytes of pushed reads (get_pushed) in flight, at least one chunk. A pushed read returns at
   // once and the sender copies later, so the budget above would let a flood of RTS take a
   // receive block each; the window keeps the blocks in use few and their memory in cache.
-  // Measured (ferry-bench msgrate, 1 MiB, window 64, ferry's shm, 2 ranks, cores that share
-  // no cache): 23.6-24.0 GB/s with 1 MiB or 16 MiB in flight, 24.3-25.1 with 2-4 MiB: the copy
-  // itself is the bound, so the smaller of the two (a stream of 512 KiB messages then cycles
-  // through 5 blocks). With the cores close, 2 MiB gives 46.6-50.7 GB/s.
+  // Measured (ferry-bench msgrate, 1 MiB, window 64, ferry's shm, 2 ranks, 2 runs each):
+  // 47.9-48.4 GB/s with 1 MiB in flight, 50.1-50.7 with 2 MiB, 45.7-49.0 with 4 MiB, 39.7-45.7
+  // with 16 MiB, and 15.5-16.0 with 128 MiB (every block of the window taken, all cold): no
+  // better than reading.
   static constexpr std::size_t kPushWindow = std::size_t{2} << 20;
 
  private:
