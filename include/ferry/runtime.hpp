@@ -284,7 +284,9 @@ std::string fabric_version();
 // How ferry's shared-memory transport would move large data on this machine, for tools:
 // "cma" when this process may use process_vm_readv (cross-memory attach), else "copy" with the
 // reason. Yama's ptrace_scope is named too: at 1 only a launcher's descendants may attach to
-// each other, which FERRY_SHM_COPY=auto detects per peer at start-up.
+// each other, which FERRY_SHM_COPY=auto detects per peer at start-up. Then the kernel's
+// transparent huge page mode, which decides whether large receive blocks (FERRY_RECV_HUGE) get
+// the 2 MiB pages that make pushed rendezvous fast.
 std::string shm_large_data_path();
 
 }  // namespace ferry
