@@ -129,6 +129,8 @@ class CompletionObject {
 
 namespace detail {
 class QueueImpl;
+template <class T>
+class MpmcRing;
 }
 
 // Which queue algorithm backs a CompletionQueue ([AMT-LCI] §5.2, Figure 7).
@@ -170,6 +172,7 @@ class CompletionQueue final : public CompletionObject {
 
  private:
   void spill(Completion* completions, std::size_t count) noexcept;
+  std::optional<Completion> pop_later() noexcept;
   // Two tiers of the same algorithm: a hot queue of at most kHotEntries, then (for larger
   // capacities) a cold one of `capacity` entries that takes what the hot one refuses. A ring
   // cycles through all its cells whatever its depth, so one ring of 65536 ~100-byte cells
@@ -178,6 +181,9 @@ class CompletionQueue final : public CompletionObject {
   static constexpr std::size_t kHotEntries = 1024;
   std::unique_ptr<detail::QueueImpl> impl_;
   std::unique_ptr<detail::QueueImpl> cold_;  // null when capacity <= kHotEntries
+  // impl_'s ring when the kind is ring (the default), else null: signal and pop reach it with
+  // direct calls, and pop builds its result straight from the cell.
+  detail::MpmcRing<Completion>* hot_ring_ = nullptr;
   // Entries in cold_, counted before each push and uncounted after each pop, so it is never
   // below the true number (see signal()).
   std::atomic<std::size_t> cold_count_{0};

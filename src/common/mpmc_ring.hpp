@@ -119,9 +119,33 @@ class MpmcRing {
     }
   }
 
-  // Out is T or std::optional<T> (see take_into).
-  template <class Out>
-  bool try_pop(Out& out) noexcept {
+  // A claimed element still in its cell. The caller moves the element out through operator*;
+  // the destructor then destroys what is left and frees the cell for the next lap (the seq
+  // release store, so the next producer sees the cell empty only after the move). Returned as
+  // a prvalue, never copied or moved. It lets a caller construct its result straight from the
+  // cell, with nothing default-constructed first (CompletionQueue::pop).
+  class Taken {
+   public:
+    Taken() noexcept = default;
+    Taken(T* item, std::atomic<std::size_t>* seq, std::size_t next) noexcept : item_(item), seq_(seq), next_(next) {}
+    Taken(const Taken&) = delete;
+    Taken& operator=(const Taken&) = delete;
+    ~Taken() {
+      if (item_ == nullptr) return;
+      item_->~T();
+      seq_->store(next_, std::memory_order_release);
+    }
+    explicit operator bool() const noexcept { return item_ != nullptr; }
+    T& operator*() const noexcept { return *item_; }
+
+   private:
+    T* item_ = nullptr;
+    std::atomic<std::size_t>* seq_ = nullptr;
+    std::size_t next_ = 0;
+  };
+
+  // Claims the oldest element; an empty Taken when try_pop would return false.
+  Taken try_take() noexcept {
     std::size_t pos = head_.load(std::memory_order_relaxed);
     for (;;) {
       Cell& cell = cells_[pos & mask_];
@@ -129,18 +153,23 @@ class MpmcRing {
       const auto diff = static_cast<std::intptr_t>(seq) - static_cast<std::intptr_t>(pos + 1);
       if (diff == 0) {
         if (head_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
-          T* item = std::launder(reinterpret_cast<T*>(cell.storage()));
-          take_into(out, std::move(*item));
-          item->~T();
-          cell.seq.store(pos + mask_ + 1, std::memory_order_release);
-          return true;
+          return Taken(std::launder(reinterpret_cast<T*>(cell.storage())), &cell.seq, pos + mask_ + 1);
         }
       } else if (diff < 0) {
-        return false;  // empty, or its producer has not published yet
+        return Taken();  // empty, or its producer has not published yet
       } else {
         pos = head_.load(std::memory_order_relaxed);
       }
     }
+  }
+
+  // Out is T or std::optional<T> (see take_into).
+  template <class Out>
+  bool try_pop(Out& out) noexcept {
+    Taken taken = try_take();
+    if (!taken) return false;
+    take_into(out, std::move(*taken));
+    return true;
   }
 
   // A snapshot; exact only when no thread is pushing or popping.

@@ -82,6 +82,7 @@ class LockFreeQueue final : public QueueImpl {
   }
   bool pop(std::optional<Completion>& c) noexcept override { return queue_.try_pop(c); }
   std::size_t capacity() const noexcept override { return queue_.capacity(); }
+  Queue& queue() noexcept { return queue_; }
 
  private:
   Queue queue_;
@@ -172,6 +173,9 @@ CompletionQueue::CompletionQueue(CompletionQueueOptions options) {
   const QueueKind kind = options.kind == QueueKind::default_kind ? detail::default_queue_kind() : options.kind;
   impl_ = detail::make_queue(kind, std::min(cap, kHotEntries));
   if (impl_ && cap > kHotEntries) cold_ = detail::make_queue(kind, cap);
+  if (impl_ && kind == QueueKind::ring) {
+    hot_ring_ = &static_cast<detail::LockFreeQueue<detail::MpmcRing<Completion>>&>(*impl_).queue();
+  }
   if (!impl_) throw Error("CompletionQueueOptions::kind=" + std::to_string(static_cast<int>(options.kind)) + " is unknown");
 }
 
@@ -191,7 +195,10 @@ void CompletionQueue::signal(Completion&& completion) noexcept {
   //  - Raising either count is a release, for pop(): a consumer that sees the count also sees
   //    every hot (and, for the overflow, cold) entry signalled before it.
   if (overflow_size_.load(std::memory_order_relaxed) == 0) {
-    if (cold_count_.load(std::memory_order_relaxed) == 0 && impl_->push(std::move(completion))) return;
+    if (cold_count_.load(std::memory_order_relaxed) == 0 &&
+        (hot_ring_ != nullptr ? hot_ring_->try_push(std::move(completion)) : impl_->push(std::move(completion)))) {
+      return;
+    }
     if (cold_ != nullptr) {
       cold_count_.fetch_add(1, std::memory_order_release);  // after the hot entries: see pop()
       if (cold_->push(std::move(completion))) return;
@@ -205,7 +212,8 @@ void CompletionQueue::signal_batch(Completion* completions, std::size_t count) n
   // As signal() on each: a run the hot queue takes whole costs one claim of its ring.
   std::size_t k = 0;
   if (overflow_size_.load(std::memory_order_relaxed) == 0 && cold_count_.load(std::memory_order_relaxed) == 0) {
-    k = impl_->push_batch(std::span<Completion>(completions, count));
+    k = hot_ring_ != nullptr ? hot_ring_->try_push_batch(completions, count)
+                             : impl_->push_batch(std::span<Completion>(completions, count));
   }
   for (; k < count; ++k) signal(std::move(completions[k]));
 }
@@ -221,6 +229,20 @@ void CompletionQueue::spill(Completion* completions, std::size_t count) noexcept
 }
 
 std::optional<Completion> CompletionQueue::pop() noexcept {
+  // The result is built in place from the cell (one move), and nothing is constructed when the
+  // queue is empty: a default-constructed std::optional<Completion> that escapes into a call is
+  // zeroed whole by GCC's libstdc++ (104 bytes, a `rep stos`), which cost more than the rest of
+  // the pop. The Taken's destructor frees the cell after the return value is built.
+  if (hot_ring_ != nullptr) {
+    if (auto taken = hot_ring_->try_take()) return std::optional<Completion>(std::in_place, std::move(*taken));
+    if (cold_count_.load(std::memory_order_relaxed) == 0 && overflow_size_.load(std::memory_order_relaxed) == 0) {
+      return std::nullopt;
+    }
+  }
+  return pop_later();
+}
+
+std::optional<Completion> CompletionQueue::pop_later() noexcept {
   std::optional<Completion> c;  // one object all the way: the queue constructs into it (NRVO)
   if (impl_->pop(c)) return c;
   // The hot queue looked empty. Whatever waits in a later tier was signalled after everything

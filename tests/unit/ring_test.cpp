@@ -46,6 +46,34 @@ TEST(MpmcRing, FifoAcrossManyLaps) {
   EXPECT_FALSE(ring.try_pop(v));
 }
 
+// try_take hands out the element in its cell: the cell stays taken (a push that needs it is
+// refused) until the Taken is destroyed, which destroys what the caller left there; the next
+// take is the next element, and an empty ring gives an empty Taken.
+TEST(MpmcRing, ATakenCellIsFreedOnlyWhenTheTakenEnds) {
+  MpmcRing<std::unique_ptr<int>> ring(2);
+  ASSERT_TRUE(ring.try_push(std::make_unique<int>(1)));
+  ASSERT_TRUE(ring.try_push(std::make_unique<int>(2)));
+  {
+    auto taken = ring.try_take();
+    ASSERT_TRUE(taken);
+    ASSERT_NE(*taken, nullptr);
+    EXPECT_EQ(**taken, 1);
+    EXPECT_FALSE(ring.try_push(std::make_unique<int>(3))) << "the cell is still the taker's";
+    auto second = ring.try_take();
+    ASSERT_TRUE(second);
+    const std::unique_ptr<int> moved = std::move(*second);  // moved out; the Taken destroys the husk
+    EXPECT_EQ(*moved, 2);
+  }
+  ASSERT_TRUE(ring.try_push(std::make_unique<int>(3)));
+  ASSERT_TRUE(ring.try_push(std::make_unique<int>(4)));
+  for (int expect : {3, 4}) {
+    auto taken = ring.try_take();
+    ASSERT_TRUE(taken);
+    EXPECT_EQ(**taken, expect);
+  }
+  EXPECT_FALSE(ring.try_take());
+}
+
 TEST(MpmcRing, EmptyPopFailsAndLeavesOutputAlone) {
   MpmcRing<int> ring(4);
   int v = 42;
