@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -48,10 +49,11 @@ void pin(int cpu) {
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // --- The per-pair SPSC variant ---------------------------------------------------------------
-// Same cells and seq protocol as CellQueue, but one producer: its position is private, so a
-// post is a load of the cell's seq, the stores, and the release of seq. Contract as
-// CellQueue's with "one producer thread" in place of "any thread"; same memory orders (the
-// CAS and its relaxed tail loads are gone).
+// Same cells as CellQueue, but one producer, and room found in each cell's seq (the consumer
+// stores seq = head + count when done, the producer loads it before writing): its position is
+// private, so a post is a load of the cell's seq, the stores, and the release of seq. Contract
+// as CellQueue's with "one producer thread" in place of "any thread"; publication's memory
+// orders as CellQueue's (no CAS, no tail, no shared head).
 class SpscRing {
  public:
   SpscRing() = default;
@@ -66,7 +68,8 @@ class SpscRing {
     CellHeader* c = cell(head);
     return c->seq.load(std::memory_order_acquire) == head + 1 ? c : nullptr;
   }
-  void release(CellHeader* c, std::uint64_t head) noexcept { c->seq.store(head + mask_ + 1, std::memory_order_release); }
+  // The consumer is done with the cell at `head`.
+  void done(CellHeader* c, std::uint64_t head) noexcept { c->seq.store(head + mask_ + 1, std::memory_order_release); }
 
  private:
   CellHeader* cell(std::uint64_t p) const noexcept { return reinterpret_cast<CellHeader*>(cells_ + (p & mask_) * stride_); }
@@ -95,10 +98,11 @@ struct Shared {
   }
   unsigned char* queue_mem(int i) const { return base + 4096 + static_cast<std::size_t>(i) * kQueueBytes; }
   void reset() {
-    for (int i = 0; i < 4; ++i) CellQueue::initialize(queue_mem(i), queue_mem(i) + 256, kCells, kStride);
+    for (int i = 0; i < 4; ++i) CellQueue::initialize(queue_mem(i), queue_mem(i) + 128, queue_mem(i) + 256, kCells, kStride);
   }
   CellQueue mpsc(int to) const {
-    return CellQueue(reinterpret_cast<std::atomic<std::uint64_t>*>(queue_mem(to)), queue_mem(to) + 256, kCells, kStride);
+    return CellQueue(reinterpret_cast<std::atomic<std::uint64_t>*>(queue_mem(to)),
+                     reinterpret_cast<std::atomic<std::uint64_t>*>(queue_mem(to) + 128), queue_mem(to) + 256, kCells, kStride);
   }
   SpscRing spsc(int to) const { return SpscRing(queue_mem(2 + to) + 256, kCells, kStride); }
 };
@@ -121,7 +125,11 @@ bool take(Q& q, std::uint64_t& head, std::uint64_t& value) {
   CellHeader* c = q.peek(head);
   if (c == nullptr) return false;
   std::memcpy(&value, cell_payload(c), 8);
-  q.release(c, head++);
+  if constexpr (std::is_same_v<Q, CellQueue>) {
+    q.free_below(++head);  // the transport does this once per poll; here a poll finds one message
+  } else {
+    q.done(c, head++);
+  }
   return true;
 }
 

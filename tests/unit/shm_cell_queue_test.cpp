@@ -19,13 +19,15 @@ using ferry::net::shm::cell_payload;
 using ferry::net::shm::CellHeader;
 using ferry::net::shm::CellQueue;
 
-// A queue in ordinary memory laid out as in a segment (tail on its own line, then cells).
+// A queue in ordinary memory laid out as in a segment (tail and head on lines of their own,
+// then cells).
 struct QueueMemory {
   QueueMemory(std::uint64_t count, std::size_t payload)
       : stride(CellQueue::stride_for(payload)),
-        mem(static_cast<unsigned char*>(std::aligned_alloc(64, 128 + count * stride))) {
-    CellQueue::initialize(mem, mem + 128, count, stride);
-    queue = CellQueue(reinterpret_cast<std::atomic<std::uint64_t>*>(mem), mem + 128, count, stride);
+        mem(static_cast<unsigned char*>(std::aligned_alloc(64, 256 + count * stride))) {
+    CellQueue::initialize(mem, mem + 128, mem + 256, count, stride);
+    queue = CellQueue(reinterpret_cast<std::atomic<std::uint64_t>*>(mem),
+                      reinterpret_cast<std::atomic<std::uint64_t>*>(mem + 128), mem + 256, count, stride);
   }
   ~QueueMemory() { std::free(mem); }
   std::size_t stride;
@@ -63,7 +65,7 @@ TEST(ShmCellQueue, FullRefusesThenAcceptsAcrossLaps) {
     std::uint64_t v;
     std::memcpy(&v, cell_payload(c), 8);
     ASSERT_EQ(v, expect_value++);
-    m.queue.release(c, head++);
+    m.queue.free_below(++head);
     CellHeader* d = m.queue.try_claim(pos);
     ASSERT_NE(d, nullptr);
     std::memcpy(cell_payload(d), &next_value, 8);
@@ -74,10 +76,55 @@ TEST(ShmCellQueue, FullRefusesThenAcceptsAcrossLaps) {
     while ((c = m.queue.peek(head)) != nullptr) {
       std::memcpy(&v, cell_payload(c), 8);
       ASSERT_EQ(v, expect_value++);
-      m.queue.release(c, head++);
+      m.queue.free_below(++head);
     }
     ASSERT_EQ(expect_value, next_value);
   }
+}
+
+// Room comes only from the consumer's shared head: cells it has read but not freed (as the
+// transport's lent payloads are until the next poll) are never handed to a producer, freeing a
+// prefix gives back exactly that many, and a view that last saw an old head (a copy made
+// before the frees, as another thread's or process's view would be) finds the room too.
+TEST(ShmCellQueue, CellsAreReusedOnlyOnceTheConsumerFreesThem) {
+  constexpr std::uint64_t kCount = 8;
+  QueueMemory m(kCount, 16);
+  std::uint64_t pos = 0;
+  for (std::uint64_t i = 0; i < kCount; ++i) {
+    CellHeader* c = m.queue.try_claim(pos);
+    ASSERT_NE(c, nullptr);
+    c->arg0 = i;
+    CellQueue::publish(c, pos);
+  }
+  const CellQueue stale = m.queue;  // saw head 0
+  // The consumer reads all eight and frees none: the queue stays full, and each cell still
+  // holds what was published in it.
+  for (std::uint64_t h = 0; h < kCount; ++h) {
+    CellHeader* c = m.queue.peek(h);
+    ASSERT_NE(c, nullptr) << "position " << h;
+    EXPECT_EQ(c->arg0, h);
+  }
+  EXPECT_EQ(m.queue.try_claim(pos), nullptr) << "read but not freed: still full";
+  EXPECT_EQ(m.queue.peek(kCount), nullptr) << "nothing published at position " << kCount;
+  m.queue.free_below(3);
+  for (std::uint64_t h = 0; h < kCount; ++h) EXPECT_EQ(m.queue.peek(h)->arg0, h) << "a free does not touch the cells";
+  CellQueue other = stale;
+  for (int i = 0; i < 3; ++i) {
+    CellHeader* c = other.try_claim(pos);
+    ASSERT_NE(c, nullptr) << "claim " << i << " after freeing 3";
+    EXPECT_EQ(pos, kCount + static_cast<std::uint64_t>(i));
+    c->arg0 = pos;
+    CellQueue::publish(c, pos);
+  }
+  EXPECT_EQ(other.try_claim(pos), nullptr) << "exactly three cells were freed";
+  EXPECT_EQ(m.queue.try_claim(pos), nullptr);
+  // Cells 3..7 keep their first-lap messages; the next lap starts where they end.
+  for (std::uint64_t h = 3; h < kCount + 3; ++h) {
+    CellHeader* c = m.queue.peek(h);
+    ASSERT_NE(c, nullptr) << "position " << h;
+    EXPECT_EQ(c->arg0, h);
+  }
+  EXPECT_EQ(m.queue.peek(kCount + 3), nullptr);
 }
 
 // A sender that dies between claiming a cell and publishing it: once its rank is known
@@ -101,7 +148,7 @@ TEST(ShmCellQueue, ACellClaimedByAFailedRankIsPassed) {
   CellHeader* c = m.queue.peek(head);
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->arg0, 42u);
-  m.queue.release(c, head++);
+  m.queue.free_below(++head);
   // Position 2 claimed by rank 1, which is alive and slow: never passed.
   ASSERT_NE(m.queue.try_claim(pos, CellQueue::claim_mark(1)), nullptr);
   EXPECT_FALSE(m.queue.skip_dead_claim(head, failed));
@@ -159,7 +206,7 @@ TEST(ShmCellQueue, ConcurrentProducersExactlyOnceInOrder) {
     } else {
       ++next[words[0]];
     }
-    m.queue.release(c, head++);
+    m.queue.free_below(++head);
     ++got;
   }
   for (auto& t : producers) t.join();

@@ -64,8 +64,8 @@ void Segment::unlink() noexcept {
 }
 
 CellQueue Segment::queue() const noexcept {
-  return CellQueue(reinterpret_cast<std::atomic<std::uint64_t>*>(base_ + kTailOffset), base_ + kCellsOffset, cells_,
-                   stride_);
+  return CellQueue(reinterpret_cast<std::atomic<std::uint64_t>*>(base_ + kTailOffset),
+                   reinterpret_cast<std::atomic<std::uint64_t>*>(base_ + kHeadOffset), base_ + kCellsOffset, cells_, stride_);
 }
 
 std::uint64_t Segment::probe_value() const noexcept {
@@ -118,7 +118,7 @@ Segment Segment::create(int rank, int size, int device, std::size_t cell_payload
   h->stride = stride;
   h->total_bytes = bytes;
   h->probe = random_word() | 1;  // never 0, so a read of zeroed memory cannot pass the probe
-  CellQueue::initialize(s.base_ + kTailOffset, s.base_ + kCellsOffset, cells, stride);
+  CellQueue::initialize(s.base_ + kTailOffset, s.base_ + kHeadOffset, s.base_ + kCellsOffset, cells, stride);
   // Peers learn the name only through the bootstrap's exchange, which orders these writes
   // before their mapping (a system call and a message in between).
   return s;

@@ -20,9 +20,13 @@
 namespace ferry::net::shm {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x316d6873'79727265ULL;  // the bytes "erryshm1" (little-endian)
-inline constexpr std::uint32_t kSegmentVersion = 1;
+inline constexpr std::uint32_t kSegmentVersion = 2;
+// Each shared counter and the cells start on a 128-byte boundary of their own: the adjacent-line
+// prefetcher fetches lines in pairs, and the producers' tail, the consumer's head and the first
+// cell are written by different parties.
 inline constexpr std::size_t kTailOffset = 128;   // the tail's line, apart from the read-mostly header
-inline constexpr std::size_t kCellsOffset = 256;  // cells start two lines later (adjacent-line prefetch)
+inline constexpr std::size_t kHeadOffset = 256;   // the consumer's shared head
+inline constexpr std::size_t kCellsOffset = 384;
 
 struct SegmentHeader {
   std::uint64_t magic;

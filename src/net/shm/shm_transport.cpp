@@ -760,8 +760,7 @@ bool ShmTransport::lend_receives() {
 
 int ShmTransport::poll(Event* events, int max) {
   int n = 0;
-  // The caller is done with what the last poll lent.
-  for (int i = 0; i < lent_count_; ++i) rx_.release(lent_cells_[i], lent_positions_[i]);
+  // The caller is done with what the last poll lent (its cells are freed below, with the rest).
   lent_count_ = 0;
   if (__builtin_expect(!failing_.empty(), 0)) n = abandon_gets(events, max);
   progress_puts();  // copy-mode puts, and notices that did not fit at post
@@ -819,8 +818,7 @@ int ShmTransport::poll(Event* events, int max) {
           if (lend) {
             ev.length = len;
             ev.lent = cell_payload(c);
-            lent_cells_[lent_count_] = c;
-            lent_positions_[lent_count_++] = head_;
+            if (lent_count_++ == 0) lent_first_ = head_;
             ++head_;
             continue;  // the cell stays the caller's until the next poll
           }
@@ -850,8 +848,14 @@ int ShmTransport::poll(Event* events, int max) {
         case CellKind::nop: break;
       }
     }
-    rx_.release(c, head_);
     ++head_;
+  }
+  // Producers may reuse every cell below the first one lent out, or below head_. One store per
+  // poll that moved, to a line only producers that found the queue full read.
+  const std::uint64_t free_below = lent_count_ > 0 ? lent_first_ : head_;
+  if (free_below != freed_) {
+    freed_ = free_below;
+    rx_.free_below(free_below);
   }
   if (!serves_.empty()) progress_serves();
   return n;

@@ -209,7 +209,8 @@ class ShmTransport final : public Transport {
   const ShmCopy copy_;
   Segment own_;
   CellQueue rx_;
-  std::uint64_t head_ = 0;  // rx_'s consumer position (poll-lock holder)
+  std::uint64_t head_ = 0;   // rx_'s consumer position (poll-lock holder)
+  std::uint64_t freed_ = 0;  // what rx_'s shared head says: cells below it are free (poll-lock holder)
   std::vector<std::uint8_t> failed_;  // by rank, once one failed: 1 if failed (poll-lock holder)
   std::vector<Failing> failing_;       // poll-lock holder
   std::chrono::steady_clock::time_point next_abandon_check_{};
@@ -218,14 +219,14 @@ class ShmTransport final : public Transport {
   detail::MpscQueue<DoneNode> done_;  // local completions (any thread pushes, poll pops)
   RecvNode* recv_head_ = nullptr;      // posted receives, FIFO (poll-lock holder)
   RecvNode* recv_tail_ = nullptr;
-  // Lending (poll-lock holder): the cells the last poll lent, released by the next poll. Until
-  // then their senders see those cells as full, so a poll lends at most kMaxLent.
+  // Lending (poll-lock holder): the cells the last poll lent stay unfreed until the next poll,
+  // and with them every cell after the first (the shared head frees a prefix), so their
+  // senders see them as full meanwhile: a poll lends at most kMaxLent.
   static constexpr int kMaxLent = 64;
   static constexpr std::uint32_t kLendAbove = 256;  // smaller messages are copied, not lent
   bool lending_ = false;
   int lent_count_ = 0;
-  CellHeader* lent_cells_[kMaxLent] = {};
-  std::uint64_t lent_positions_[kMaxLent] = {};
+  std::uint64_t lent_first_ = 0;  // the position of the first cell lent (when lent_count_ > 0)
 
   detail::MpscQueue<PutNode> outbound_;  // puts that did not fit the target's queue at post
   PutNode* puts_head_ = nullptr;          // ... taken over by poll, in order (poll-lock holder)
