@@ -65,6 +65,7 @@
 #include <new>
 
 #include "common/cache_line.hpp"
+#include "common/tsan.hpp"
 
 namespace ferry::net::shm {
 
@@ -165,6 +166,11 @@ class CellQueue {
       }
       if (tail_->compare_exchange_weak(p, p + 1, std::memory_order_relaxed, std::memory_order_relaxed)) {
         CellHeader* c = cell(p);
+        // The previous lap's producer of this cell, if it was a thread of this process, published
+        // it with a release on seq; the consumer, in another process, read it before the head
+        // that gave this claim room. TSan sees neither the consumer nor the head's store: say
+        // that the publish happens before this claim, as it does through them.
+        detail::tsan_acquire(&c->seq);
         c->seq.store(mark | (p & kPosMask), std::memory_order_relaxed);
         pos = p;
         return c;
