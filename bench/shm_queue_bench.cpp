@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "net/shm/cell_queue.hpp"
+#include "net/shm/segment.hpp"
 #include "net/shm/shm_transport.hpp"
 
 namespace {
@@ -83,7 +84,9 @@ class SpscRing {
 struct Shared {
   static constexpr std::uint64_t kCells = 256;
   static constexpr std::size_t kStride = CellQueue::stride_for(8192);
-  static constexpr std::size_t kQueueBytes = 256 + kCells * kStride;
+  // Each queue laid out as in a segment (segment.hpp): its counters and cells at the same
+  // offsets, so the raw queue is measured with the transport's cache-line placement.
+  static constexpr std::size_t kQueueBytes = ferry::net::shm::kCellsOffset + kCells * kStride;
   unsigned char* base = nullptr;
   std::atomic<int>* go = nullptr;  // start flag per run
 
@@ -98,13 +101,18 @@ struct Shared {
   }
   unsigned char* queue_mem(int i) const { return base + 4096 + static_cast<std::size_t>(i) * kQueueBytes; }
   void reset() {
-    for (int i = 0; i < 4; ++i) CellQueue::initialize(queue_mem(i), queue_mem(i) + 128, queue_mem(i) + 256, kCells, kStride);
+    using namespace ferry::net::shm;
+    for (int i = 0; i < 4; ++i) {
+      CellQueue::initialize(queue_mem(i) + kTailOffset, queue_mem(i) + kHeadOffset, queue_mem(i) + kCellsOffset, kCells, kStride);
+    }
   }
   CellQueue mpsc(int to) const {
-    return CellQueue(reinterpret_cast<std::atomic<std::uint64_t>*>(queue_mem(to)),
-                     reinterpret_cast<std::atomic<std::uint64_t>*>(queue_mem(to) + 128), queue_mem(to) + 256, kCells, kStride);
+    using namespace ferry::net::shm;
+    return CellQueue(reinterpret_cast<std::atomic<std::uint64_t>*>(queue_mem(to) + kTailOffset),
+                     reinterpret_cast<std::atomic<std::uint64_t>*>(queue_mem(to) + kHeadOffset), queue_mem(to) + kCellsOffset,
+                     kCells, kStride);
   }
-  SpscRing spsc(int to) const { return SpscRing(queue_mem(2 + to) + 256, kCells, kStride); }
+  SpscRing spsc(int to) const { return SpscRing(queue_mem(2 + to) + ferry::net::shm::kCellsOffset, kCells, kStride); }
 };
 
 template <class Q>
