@@ -13,6 +13,7 @@
 #include "common/log.hpp"
 #include "common/spinlock.hpp"
 #include "ferry/error.hpp"
+#include "net/abandon.hpp"
 
 namespace ferry::net::ofi {
 
@@ -64,72 +65,10 @@ class OfiRegistration final : public Registration {
 
 inline void* fi_ctx(detail::OpContext* ctx) noexcept { return ctx->backend; }
 
-// RMA operations in flight (get, put, put_data: the ones a provider may never complete when
-// their peer dies), by context, with their peer's rank. fi_context2 fills the context's
-// backend bytes, so they live in this table: open addressing, linear probing, a power-of-two
-// size that doubles at half load (tombstones count), so an insert allocates only when the
-// table grows. Not thread-safe: the transport guards it with a spin lock.
-class RmaTable {
- public:
-  RmaTable() : slots_(1024) {}
-  void insert(detail::OpContext* ctx, int rank) {
-    if ((used_ + 1) * 2 > slots_.size()) grow();
-    Slot* s = &slots_[index(ctx)];
-    while (s->ctx != nullptr && s->ctx != tomb()) s = next(s);
-    if (s->ctx == nullptr) ++used_;
-    *s = Slot{ctx, rank};
-  }
-  // Removes `ctx`; false when it is not here.
-  bool erase(detail::OpContext* ctx) noexcept {
-    for (Slot* s = &slots_[index(ctx)]; s->ctx != nullptr; s = next(s)) {
-      if (s->ctx == ctx) {
-        s->ctx = tomb();
-        return true;
-      }
-    }
-    return false;
-  }
-  // Removes every operation to `rank`, appending its context to `out`.
-  void take_rank(int rank, std::vector<std::pair<detail::OpContext*, int>>& out) {
-    for (Slot& s : slots_) {
-      if (s.ctx == nullptr || s.ctx == tomb() || s.rank != rank) continue;
-      out.emplace_back(s.ctx, rank);
-      s.ctx = tomb();
-    }
-  }
-
- private:
-  struct Slot {
-    detail::OpContext* ctx = nullptr;  // null: empty; tomb(): erased
-    int rank = -1;
-  };
-  static detail::OpContext* tomb() noexcept { return reinterpret_cast<detail::OpContext*>(std::uintptr_t{1}); }
-  std::size_t index(const detail::OpContext* ctx) const noexcept {
-    // Contexts are at least 8-byte aligned; a multiplicative hash spreads the rest.
-    const auto h = (reinterpret_cast<std::uintptr_t>(ctx) >> 3) * 0x9E3779B97F4A7C15ull;
-    return static_cast<std::size_t>(h >> 20) & (slots_.size() - 1);
-  }
-  Slot* next(Slot* s) noexcept { return s + 1 == slots_.data() + slots_.size() ? slots_.data() : s + 1; }
-  void grow() {
-    std::vector<Slot> old(slots_.size() * 2);
-    old.swap(slots_);
-    used_ = 0;
-    for (const Slot& s : old)
-      if (s.ctx != nullptr && s.ctx != tomb()) insert(s.ctx, s.rank);
-  }
-  std::vector<Slot> slots_;
-  std::size_t used_ = 0;  // live entries and tombstones
-};
-
 inline bool is_rma(const detail::OpContext* c) noexcept {
   const detail::CtxKind k = c->kind();
   return k == detail::CtxKind::rma_single || k == detail::CtxKind::rma_chunk || k == detail::CtxKind::rdv_read;
 }
-
-// How long the provider gets to complete a failed peer's operations itself before they are
-// reported abandoned. tcp's connection errors come at once; libfabric's shm never completes a
-// read from a dead peer.
-constexpr std::chrono::milliseconds kAbandonGrace{kAbandonGraceMs};
 
 class OfiTransport final : public Transport {
  public:
@@ -191,12 +130,12 @@ class OfiTransport final : public Transport {
 
   void peer_failed(int rank) override {
     saw_failure_ = saw_failure_ || caps_.name.find("ofi_rxm") != std::string::npos;
-    failing_.push_back(Failing{rank, std::chrono::steady_clock::now() + kAbandonGrace});
+    rma_.peer_failed(rank);
   }
 
   int poll(Event* events, int max) override {
-    if (__builtin_expect(!failing_.empty() || !abandoning_.empty(), 0)) {
-      const int n = abandon(events, max);
+    if (__builtin_expect(rma_.busy(), 0)) {
+      const int n = rma_.abandon(events, max);
       if (n > 0) return n;
     }
     fi_cq_data_entry entries[kMaxPoll];
@@ -275,78 +214,23 @@ class OfiTransport final : public Transport {
     return a < from_.size() ? from_[a] : -1;
   }
 
-  // RMA tracking: posts by any thread, under rma_lock_ (RMA only; never the message path).
-  void track(detail::OpContext* ctx, int rank) {
-    std::lock_guard<detail::SpinLock> g(rma_lock_);
-    in_flight_.insert(ctx, rank);
-  }
+  // RMA tracking (net/abandon.hpp): posts by any thread.
+  void track(detail::OpContext* ctx, int rank) { rma_.track(ctx, rank); }
   int tracked_result(detail::OpContext* ctx, long rc) noexcept {
-    if (rc != 0) {
-      std::lock_guard<detail::SpinLock> g(rma_lock_);
-      in_flight_.erase(ctx);
-    }
+    if (rc != 0) rma_.untrack(ctx);
     return to_errno(rc);
   }
-  // A provider completion of `ctx`: an RMA operation leaves the tracking list; true when it
-  // was abandoned already (the event is dropped: the core has finished it).
-  bool settle(detail::OpContext* ctx) noexcept {
-    if (!is_rma(ctx)) return false;
-    if (__builtin_expect(!abandoned_.empty(), 0) && abandoned_.erase(ctx) != 0) return true;
-    std::lock_guard<detail::SpinLock> g(rma_lock_);
-    in_flight_.erase(ctx);
-    return false;
-  }
-  // Failed peers whose grace period is over: their RMA operations still in flight become
-  // abandoned events. The poll lock holder only.
-  int abandon(Event* events, int max) {
-    const auto now = std::chrono::steady_clock::now();
-    for (std::size_t i = 0; i < failing_.size();) {
-      if (failing_[i].deadline > now) {
-        ++i;
-        continue;
-      }
-      const int rank = failing_[i].rank;
-      {
-        std::lock_guard<detail::SpinLock> g(rma_lock_);
-        in_flight_.take_rank(rank, abandoning_);
-      }
-      failing_[i] = failing_.back();
-      failing_.pop_back();
-    }
-    int n = 0;
-    while (n < max && !abandoning_.empty()) {
-      const auto [c, rank] = abandoning_.back();
-      abandoning_.pop_back();
-      abandoned_.insert(c);
-      Event& out = events[n++];
-      out = Event{};
-      out.context = c;
-      out.rank = rank;
-      out.error = -EHOSTDOWN;
-      out.abandoned = true;
-    }
-    return n;
-  }
+  // A provider completion of `ctx`: true when it was abandoned already (the event is dropped).
+  bool settle(detail::OpContext* ctx) noexcept { return is_rma(ctx) && rma_.settle(ctx); }
 
   Endpoint endpoint_;
   std::vector<fi_addr_t> to_;  // by rank; written by connect, read-only afterwards
   std::vector<int> from_;      // by fi_addr_t
   std::uint64_t anonymous_errors_ = 0;  // the poll lock holder's
-  detail::SpinLock rma_lock_;
-  RmaTable in_flight_;  // RMA operations in flight, under rma_lock_
-  // Peer failure, by the poll lock holder only: failed ranks in their grace period, contexts
-  // to report abandoned, and those reported (a later provider completion of one is dropped;
-  // the core never reuses their memory, so an entry can never name a newer operation).
-  struct Failing {
-    int rank;
-    std::chrono::steady_clock::time_point deadline;
-  };
-  std::vector<Failing> failing_;
+  AbandonTracker rma_;  // RMA operations in flight, and a failed peer's given up
   // A peer failed over rxm: close() leaves the endpoint open (Endpoint::abandon). Other
   // providers close normally (libfabric's shm removes its region only then).
   bool saw_failure_ = false;
-  std::vector<std::pair<detail::OpContext*, int>> abandoning_;
-  std::unordered_set<detail::OpContext*> abandoned_;
 };
 
 }  // namespace
