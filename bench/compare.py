@@ -18,6 +18,9 @@ Implementations:
   MPICH          ferry-mpi-pingpong under mpiexec.hydra.
   Open MPI       ferry-mpi-pingpong-openmpi (the same source) under mpirun.openmpi.
   UCX            ucx_perftest, server and client on localhost: ucp_am_lat, ucp_am_bw.
+  UCX tag        the same with UCP's tagged messages: tag_lat, tag_bw.
+  ferry ucx      (--transports ucx) runs with the UCX_TLS the UCX columns use, so it is held to
+                 the same UCX transports.
 
 Every measurement is repeated --reps times, interleaved (each repetition runs every point of
 every implementation once, in an order rotated from one repetition to the next), and reported
@@ -47,7 +50,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 UNITS = {"latency": "us", "msgrate": "msgs/s", "bandwidth": "MB/s"}
-PEERS = ("mpich", "openmpi", "ucx")  # "best peer": the best of these (raw libfabric is a floor, not a peer)
+PEERS = ("mpich", "openmpi", "ucx", "ucx-tag")  # "best peer": the best of these (raw libfabric is a floor, not a peer)
 
 
 class NotApplicable(Exception):
@@ -444,12 +447,13 @@ class Mpi(Impl):
 
 
 class Ucx(Impl):
-    key = "ucx"
     family = "peer"
-    label = "UCX"
 
-    def __init__(self, r, args, env_set):
+    def __init__(self, r, args, env_set, api="am"):
         super().__init__(r, args)
+        self.api = api
+        self.key = "ucx" if api == "am" else "ucx-tag"
+        self.label = "UCX" if api == "am" else "UCX tag"
         self.env_set = env_set
         self.env = dict(os.environ)
         self.env.update(env_set)
@@ -459,12 +463,13 @@ class Ucx(Impl):
     def measure(self, metric, size, threads, count, tag):
         port = free_port()
         if metric == "latency":
-            test = ["-t", "ucp_am_lat", "-s", str(size), "-n", str(count), "-w", "1000"]
+            test = ["-t", "ucp_am_lat" if self.api == "am" else "tag_lat", "-s", str(size), "-n", str(count), "-w", "1000"]
         else:
             # -O: sends outstanding at once, the closest to ferry's window (ucp_am_bw has no
             # acknowledgements); -w: warmup iterations, a window's worth for large messages.
             warmup = "1000" if size <= 4096 else str(2 * self.args.window)
-            test = ["-t", "ucp_am_bw", "-s", str(size), "-n", str(count), "-w", warmup, "-O", str(self.args.window)]
+            test = ["-t", "ucp_am_bw" if self.api == "am" else "tag_bw", "-s", str(size), "-n", str(count), "-w", warmup,
+                    "-O", str(self.args.window)]
         if threads > 1:
             test += ["-T", str(threads), "-M", "multi"]
         common = [self.args.ucx_perftest, "-p", str(port), "-f", "-v"] + test
@@ -571,7 +576,7 @@ def better(metric, a, b):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--transports", default="shm,shm@handler,ofi:shm",
+    ap.add_argument("--transports", default="shm,shm@handler,ofi:shm,ucx",
                     help="ferry transports, comma-separated: NAME sets FERRY_TRANSPORT=NAME, NAME:PROV also "
                          "FERRY_PROVIDER=PROV; a suffix @handler measures latency only, with the message handed "
                          "to a Handler instead of popped from a CompletionQueue (default shm,shm@handler,ofi:shm; "
@@ -655,6 +660,12 @@ def main():
                           "ferry-mpi-pingpong-openmpi", dict(ompi_env)))
     if "ucx" not in skip:
         others.append(Ucx(r, args, dict(ucx_env)))
+        others.append(Ucx(r, args, dict(ucx_env), api="tag"))
+    # ferry over UCX uses the UCX transports the UCX columns use.
+    for f in ferries:
+        if f.transport == "ucx":
+            f.env.update(ucx_env)
+            f.env_set.update(ucx_env)
     impls = ferries + others
 
     started = time.time()

@@ -8,7 +8,7 @@ packages=(
   libpmix-dev                          # PMIx bootstrap (mpirun, srun --mpi=pmix)
   mpich libmpich-dev                   # MPI baseline and PMI-1 interop (mpiexec.hydra)
   openmpi-bin libopenmpi-dev           # PMIx interop (mpirun), and the Open MPI baseline of bench.sh
-  ucx-utils                            # ucx_perftest, the UCX baseline of bench.sh
+  libucx-dev ucx-utils                 # the ucx backend; ucx_perftest / ucx_info, the UCX baseline of bench.sh
   libcli11-dev nlohmann-json3-dev      # command lines, JSON output
   googletest libgtest-dev libgmock-dev # tests
   python3-matplotlib                   # plots (used by /usr/bin/python3)

@@ -34,7 +34,11 @@ MPI_KINDS = {"mpi", "mpi_a", "mpix"}
 # out of "best MPI" so the headline ratio means what the paper's does.
 PAPER_MPI = ["mpi", "mpi_a"]
 ZC_THRESHOLD = 8192  # ferry::amt::Options::zc_threshold: at or above it a payload travels zero-copy
-COLORS = {"ferry": "tab:red", "mpi": "tab:blue", "mpi_a": "tab:green", "mpix": "tab:purple"}
+COLORS = {"ferry": "tab:red", "mpi": "tab:blue", "mpi_a": "tab:green", "mpix": "tab:purple",
+          "ferry@shm": "tab:orange", "ferry@ofi": "tab:olive", "ferry@ucx": "tab:brown"}
+# The ferry parcelport on one backend: "ferry@ucx" runs it with FERRY_TRANSPORT=ucx, beside
+# plain "ferry" (FERRY_TRANSPORT as the environment has it), so one table compares backends.
+FERRY_BACKENDS = ["ferry@shm", "ferry@ofi", "ferry@ucx"]
 
 # {prog} is the ferry-chains binary, {args} its arguments, {timeout} the per-run timeout (s),
 # {bin} the build's bin directory. Tokens are split with shlex before substitution.
@@ -120,9 +124,9 @@ def parse_args(argv):
     if 0 in a.threads or 0 in a.chains:
         p.error("--threads and --chains values must be at least 1")
     a.parcelports = [x for x in a.parcelports.split(",") if x]
-    bad = [x for x in a.parcelports if x not in PARCELPORTS]
+    bad = [x for x in a.parcelports if x not in PARCELPORTS + FERRY_BACKENDS]
     if bad or not a.parcelports:
-        p.error(f"--parcelports: '{','.join(bad)}' is not among {','.join(PARCELPORTS)}")
+        p.error(f"--parcelports: '{','.join(bad)}' is not among {','.join(PARCELPORTS + FERRY_BACKENDS)}")
     a.rate_chains = a.rate_chains or (50000 if q else 100000)
     a.rate_chains_zc = a.rate_chains_zc or (5000 if q else 10000)
     a.lat_budget = a.lat_budget or (20000 if q else 100000)
@@ -164,7 +168,7 @@ def command(a, pp, args):
     family = "mpi" if pp in MPI_KINDS else "ferry"
     template = (a.mpi_launch if family == "mpi" else a.ferry_launch) or LAUNCH[a.launcher][family]
     prog = str(Path(a.bin_dir) / "ferry-chains")
-    full = [str(x) for x in args] + ["--batch-size", str(a.batch_size), "--parcelport", pp, "--json"]
+    full = [str(x) for x in args] + ["--batch-size", str(a.batch_size), "--parcelport", pp.split("@")[0], "--json"]
     if family == "ferry" and a.ferry_devices:
         threads = str(args[args.index("--threads") + 1])
         full += ["--devices", threads if a.ferry_devices == "threads" else a.ferry_devices]
@@ -225,7 +229,10 @@ def sweep(a, out_dir):
                     else:
                         rec["c2c_ns"] = c2c_probe(a.bin_dir)
                         try:
-                            status, rc, wall, result, err = run_chains(cmd, env, a.timeout)
+                            pp_env = dict(env)
+                            if "@" in pp:
+                                pp_env["FERRY_TRANSPORT"] = pp.split("@", 1)[1]
+                            status, rc, wall, result, err = run_chains(cmd, pp_env, a.timeout)
                         except OSError as e:  # the launcher itself is missing
                             status, rc, wall, result, err = "failed", None, 0.0, None, str(e)
                         rec.update(status=status, exit=rc, wall_s=round(wall, 3), result=result)
@@ -393,7 +400,7 @@ def plot(pts, out_dir):
                         lo.append(p["median"] - p["min"]), hi.append(p["max"] - p["median"])
                 if xs:
                     ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", ms=4, lw=1.8, capsize=3,
-                                color=COLORS[pp], label=pp)
+                                color=COLORS.get(pp, "tab:gray"), label=pp)
                 if pp == "ferry" or "ferry" not in d["pps"]:
                     continue
                 sx, sy = [], []
@@ -403,7 +410,7 @@ def plot(pts, out_dir):
                     if s is not None:
                         sx.append(x), sy.append(s)
                 if sx:
-                    ax2.plot(sx, sy, ls=":", marker="x", ms=4, lw=1.4, color=COLORS[pp], label=f"ferry vs {pp}")
+                    ax2.plot(sx, sy, ls=":", marker="x", ms=4, lw=1.4, color=COLORS.get(pp, "tab:gray"), label=f"ferry vs {pp}")
             ax2.axhline(1.0, color="0.6", lw=0.8, ls="--")
             ax.set_xscale("log", base=2)
             ax.set_xticks(d["xs"])

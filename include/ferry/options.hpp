@@ -272,9 +272,10 @@ class OptionTable {
 // the environment ("csync", "thread:2").
 struct RuntimeOptions {
   std::string bootstrap{};
-  std::string transport{};  // auto, shm, ofi
+  std::string transport{};  // auto, shm, ofi, ucx
   std::string host{};
   std::string provider{};
+  std::string network{};  // ofi, ucx: the network backend of transport=auto
   std::string shm_copy{};  // auto, cma, copy
   std::size_t shm_cells = 0;
   int devices = 0;
@@ -304,8 +305,10 @@ struct RuntimeOptions {
 enum class BootstrapKind : std::uint8_t { automatic, single, pmi1, pmix };
 enum class LockModel : std::uint8_t { lockless, trylock, block, lockq, csync, offload };
 enum class FragmentMode : std::uint8_t { automatic, off, on };
-// Which backend reaches a peer: `automatic` is shared memory within a host, libfabric across.
-enum class TransportKind : std::uint8_t { automatic, shm, ofi };
+// Which backend reaches a peer: `automatic` is shared memory within a host, the network
+// backend (NetworkKind) across.
+enum class TransportKind : std::uint8_t { automatic, shm, ofi, ucx };
+enum class NetworkKind : std::uint8_t { ofi, ucx };
 // How the shared-memory backend moves large data: `automatic` uses cross-memory attach where
 // the kernel allows it, else copies through shared memory.
 enum class ShmCopyMode : std::uint8_t { automatic, cma, copy };
@@ -324,6 +327,7 @@ struct RuntimeSettings {
   TransportKind transport = TransportKind::automatic;
   std::string host;
   std::string provider;
+  NetworkKind network = NetworkKind::ofi;
   ShmCopyMode shm_copy = ShmCopyMode::automatic;
   std::size_t shm_cells = 0;
   int devices = 0;

@@ -212,6 +212,9 @@ class Runtime {
   // The backends device 0 uses: "shm", "ofi/tcp;ofi_rxm", or "shm+ofi/tcp;ofi_rxm" when ranks
   // on this host talk through shared memory and the others through libfabric.
   std::string transport() const;
+  // How device 0 reaches `rank`: the backend, and for UCX the transports it picked for that
+  // peer ("ucx: sysv/memory (am,am_bw); posix/memory (); cma/memory (rma_bw)").
+  std::string transport_of(int rank) const;
   std::string bootstrap() const;
   // The core's options in force (runtime_option_table() in options.hpp), typed
   // (`options().settings.lock_model`) and as text with their source (`options().value("progress")`).
@@ -288,5 +291,9 @@ std::string fabric_version();
 // transparent huge page mode, which decides whether large receive blocks (FERRY_RECV_HUGE) get
 // the 2 MiB pages that make pushed rendezvous fast.
 std::string shm_large_data_path();
+
+// The UCX backend (FERRY_TRANSPORT=ucx) for tools: UCX's version and the transports UCX picks
+// between two ranks of this host under the current UCX_* settings, or why it is unavailable.
+std::string ucx_description();
 
 }  // namespace ferry

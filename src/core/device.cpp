@@ -83,6 +83,11 @@ std::string DeviceImpl::transport_names() const {
   return out;
 }
 
+std::string DeviceImpl::describe_peer(int rank) const {
+  if (rank < 0 || static_cast<std::size_t>(rank) >= route_.size()) return "";
+  return route_[static_cast<std::size_t>(rank)]->transport->describe_peer(rank);
+}
+
 // ---- checks -----------------------------------------------------------------------------
 
 namespace {
@@ -631,7 +636,8 @@ void DeviceImpl::on_event(Link& l, const net::Event& e) {
                        net::error_text("send", err).c_str());
         }
       }
-      pool_->put(p);
+      // An abandoned packet never returns to the pool: the transport may still hold its context.
+      if (!e.abandoned) pool_->put(p);
       return;
     }
     case CtxKind::rma_single:

@@ -98,6 +98,8 @@ class DeviceImpl : public DeviceContext {
   }
   // "shm", "ofi/tcp;ofi_rxm", or "shm+ofi/tcp;ofi_rxm" when the device uses two transports.
   std::string transport_names() const;
+  // How this device reaches `rank` (Transport::describe_peer of its route).
+  std::string describe_peer(int rank) const;
 
   // Teardown: this device's own operations not yet complete (open rendezvous and RMA records,
   // sends awaiting their completion, deferred steps, backlog tails); exact when quiescent.

@@ -192,9 +192,9 @@ const RuntimeOptionTable& runtime_option_table() {
                   "how ranks find each other: auto, single, pmi1 (ferryrun, mpiexec, srun --mpi=pmi2), "
                   "pmix (mpirun, srun --mpi=pmix)"},
                  &O::bootstrap, &S::bootstrap),
-          option({"transport", "FERRY_TRANSPORT", T::choice, "auto", {"auto", "shm", "ofi"}, 0, 0, nullptr,
-                  "backend per peer: auto (ferry's shared memory within a host, libfabric across hosts), "
-                  "shm (every rank on one host), ofi (libfabric for every peer)"},
+          option({"transport", "FERRY_TRANSPORT", T::choice, "auto", {"auto", "shm", "ofi", "ucx"}, 0, 0, nullptr,
+                  "backend per peer: auto (ferry's shared memory within a host, FERRY_NETWORK across hosts), "
+                  "shm (every rank on one host), ofi (libfabric for every peer), ucx (UCX for every peer)"},
                  &O::transport, &S::transport),
           option({"host", "FERRY_HOST", T::text, "", {}, 0, 0, nullptr,
                   "this rank's host identity for FERRY_TRANSPORT=auto (empty: the hostname); ranks with "
@@ -204,6 +204,10 @@ const RuntimeOptionTable& runtime_option_table() {
                   "libfabric provider for the ofi backend (shm, tcp, verbs, cxi, efa, sockets...); auto: "
                   "libfabric's shm when every rank shares a host, else libfabric's best network"},
                  &O::provider, &S::provider),
+          option({"network", "FERRY_NETWORK", T::choice, "ofi", {"ofi", "ucx"}, 0, 0, nullptr,
+                  "the network backend FERRY_TRANSPORT=auto uses between hosts: ofi (libfabric: Slingshot "
+                  "cxi, EFA, tcp...) or ucx (UCX: InfiniBand and RoCE)"},
+                 &O::network, &S::network),
           option({"shm_copy", "FERRY_SHM_COPY", T::choice, "auto", {"auto", "cma", "copy"}, 0, 0, nullptr,
                   "large data over shared memory: auto (cross-memory attach where the kernel allows it, "
                   "else copy), cma (process_vm_readv/writev, single copy), copy (through shared memory)"},

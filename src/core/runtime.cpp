@@ -29,7 +29,7 @@ std::string hostname() {
 // The options that shape what goes on the wire or which endpoints exist: ranks that disagree
 // on one would truncate, misread or never reach each other's messages (or, for the peer
 // timeout, send heartbeats more rarely than a peer's timeout allows).
-constexpr const char* kJobWideOptions[] = {"transport", "provider", "devices", "packet_size", "fragment", "fragment_max",
+constexpr const char* kJobWideOptions[] = {"transport", "provider", "network", "devices", "packet_size", "fragment", "fragment_max",
                                           "max_targets", "peer_timeout_ms"};
 
 std::string job_wide_settings(const Resolved<RuntimeSettings>& options) {
@@ -97,6 +97,7 @@ std::vector<std::string> exchange_hosts(bootstrap::Bootstrap& boot, const std::s
 struct TransportPlan {
   bool shm = false;
   bool ofi = false;
+  bool ucx = false;
   std::string provider;       // for ofi: a libfabric name, or "" for libfabric's best network
   std::vector<bool> on_host;  // by rank: shares this rank's host
 };
@@ -124,9 +125,16 @@ TransportPlan plan_transports(const Config& config, const std::vector<std::strin
       // "auto": libfabric's shm when every rank shares a host, else its best network.
       plan.provider = config.provider != "auto" ? config.provider : (away < 0 ? "shm" : "");
       break;
+    case TransportKind::ucx:
+      plan.ucx = true;
+      break;
     case TransportKind::automatic:
       plan.shm = true;
-      plan.ofi = away >= 0;
+      if (config.network == NetworkKind::ucx) {
+        plan.ucx = away >= 0;
+      } else {
+        plan.ofi = away >= 0;
+      }
       plan.provider = config.provider != "auto" ? config.provider : "";
       break;
   }
@@ -167,14 +175,19 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   const TransportPlan plan =
       plan_transports(config_, exchange_hosts(*boot_, config_.host.empty() ? hostname() : config_.host, options_, watch_), rank_);
   if (plan.ofi) fabric_ = net::ofi::open_fabric(plan.provider);
+  if (plan.ucx) ucx_ = net::ucx::open_context();
+  std::vector<bool> away_ranks(static_cast<std::size_t>(size_));
+  for (int r = 0; r < size_; ++r) away_ranks[static_cast<std::size_t>(r)] = !plan.on_host[static_cast<std::size_t>(r)];
+  // The lock model serialises every call into a device but with lockless: UCX need not.
+  const bool serialized = config_.lock_model != LockModel::lockless;
   if (config_.launcher_watch && boot_->kind() != "single") {
     const pid_t parent = ::getppid();
     if (parent > 1) launcher_ = parent;
   }
   targets_ = std::make_unique<std::atomic<CompletionObject*>[]>(config_.max_targets);
   for (std::size_t i = 0; i < config_.max_targets; ++i) targets_[i].store(nullptr, std::memory_order_relaxed);
-  // Each device: [ofi][shm], and the index of the one that reaches each rank.
-  const int ofi_index = plan.ofi ? 0 : -1;
+  // Each device: [ofi or ucx][shm], and the index of the one that reaches each rank.
+  const int ofi_index = plan.ofi || plan.ucx ? 0 : -1;
   const int shm_index = plan.shm ? (plan.ofi ? 1 : 0) : -1;
   std::vector<int> route(static_cast<std::size_t>(size_));
   for (int r = 0; r < size_; ++r) {
@@ -186,12 +199,16 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   for (int r = 0; r < size_; ++r)
     if (!plan.on_host[static_cast<std::size_t>(r)]) away.push_back(r);
   if (config_.peer_timeout_ms != 0 && !away.empty()) {
-    heartbeats_ = std::make_unique<HeartbeatChannel>(net::ofi::make_transport(*fabric_), rank_, size_);
+    heartbeats_ = std::make_unique<HeartbeatChannel>(
+        plan.ucx ? net::ucx::make_transport(*ucx_, net::ucx::TransportParams{rank_, false, away_ranks})
+                 : net::ofi::make_transport(*fabric_),
+        rank_, size_);
     boot_->put("ferry.alive", heartbeats_->address());
   }
   for (int d = 0; d < config_.devices; ++d) {
     std::vector<std::unique_ptr<net::Transport>> transports;
     if (plan.ofi) transports.push_back(net::ofi::make_transport(*fabric_));
+    if (plan.ucx) transports.push_back(net::ucx::make_transport(*ucx_, net::ucx::TransportParams{rank_, serialized, away_ranks}));
     if (plan.shm) {
       transports.push_back(net::make_shm_transport(net::ShmParams{rank_, size_, d, config_.packet_size, round_up_pow2(config_.shm_cells),
                                                                   shm_copy(config_.shm_copy)}));
@@ -579,6 +596,12 @@ Device& Runtime::device(int index) {
 }
 std::string Runtime::provider() const { return impl_->provider(); }
 std::string Runtime::transport() const { return impl_->transport(); }
+std::string Runtime::transport_of(int rank) const {
+  if (rank < 0 || rank >= size()) {
+    throw Error("transport_of: rank=" + std::to_string(rank) + " is out of range; the job has " + std::to_string(size()) + " ranks");
+  }
+  return impl_->transport_of(rank);
+}
 std::string Runtime::bootstrap() const { return std::string(impl_->boot().kind()); }
 const Resolved<RuntimeSettings>& Runtime::options() const noexcept { return impl_->options(); }
 Exposure Runtime::expose(CompletionObject& object, std::uint16_t id) {

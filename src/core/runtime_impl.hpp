@@ -26,6 +26,7 @@
 #include "core/progress.hpp"
 #include "ferry/runtime.hpp"
 #include "net/ofi/fabric.hpp"
+#include "net/ucx/ucx_context.hpp"
 
 namespace ferry::detail {
 
@@ -43,8 +44,9 @@ class RuntimeImpl {
   const Resolved<RuntimeSettings>& options() const noexcept { return options_; }
   bootstrap::Bootstrap& boot() { return *boot_; }
   // The libfabric provider in use, or "none" when no peer is reached through libfabric.
-  std::string provider() const { return fabric_ != nullptr ? fabric_->caps().provider : "none"; }
+  std::string provider() const { return fabric_ != nullptr ? fabric_->caps().provider : ucx_ != nullptr ? "ucx" : "none"; }
   std::string transport() const { return devices_.empty() ? "" : devices_[0]->transport_names(); }
+  std::string transport_of(int rank) const { return devices_.empty() ? "" : devices_[0]->describe_peer(rank); }
   std::vector<Device>& handles() { return handles_; }
 
   // Collective: a dissemination barrier over device 0 that keeps every device progressing
@@ -105,6 +107,7 @@ class RuntimeImpl {
   int rank_ = 0;
   int size_ = 1;
   std::unique_ptr<net::ofi::Fabric> fabric_;  // null when no peer is reached through libfabric
+  net::ucx::ContextPtr ucx_;                  // null when no peer is reached through UCX
   // The keepalive's channel (on fabric_), when the job spans hosts and FERRY_PEER_TIMEOUT_MS
   // is not 0; used only by the keepalive thread once it runs.
   std::unique_ptr<HeartbeatChannel> heartbeats_;

@@ -168,6 +168,9 @@ class Transport {
   // completion of those contexts. Posts to the rank need no special handling: the core no
   // longer makes them.
   virtual void peer_failed(int /*rank*/) {}
+  // How this transport reaches `rank` (after connect), for tools and logs: its name, and what a
+  // backend that picks a path per peer picked (UCX's transports, say).
+  virtual std::string describe_peer(int /*rank*/) const { return caps_.name; }
 
  protected:
   Caps caps_;

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
     };
     listeners.Append(new FailurePrinter);
   } else {
+    for (int r = 1; r < mp::rt().size(); ++r) std::printf("rank 0 reaches rank %d by %s\n", r, mp::rt().transport_of(r).c_str());
     std::printf("ferry mp suite: %d ranks, transport %s, bootstrap %s\n", mp::rt().size(), mp::rt().transport().c_str(),
                 mp::rt().bootstrap().c_str());
   }

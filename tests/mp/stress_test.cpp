@@ -200,6 +200,9 @@ TEST(Flood, ATinyPacketPoolPushesBackWithRetryAndLosesNothing) {
   // Which rank is pushed back depends on who drains faster (a peer's retry loop progresses
   // and so drains this rank's sends), so the job's total must be positive, not each rank's.
   rt().kv_put("mp.flood.retries", std::to_string(retries));
+  // The key-value fence does not progress the device: every rank first waits, progressing,
+  // until all have received everything (UCX may still hold this rank's last sends for it).
+  rt().barrier();
   rt().kv_fence();
   long job_retries = 0;
   for (int r = 0; r < rt().size(); ++r) job_retries += std::atol(rt().kv_get(r, "mp.flood.retries").c_str());

@@ -50,8 +50,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   std::printf("ferry %s (libfabric %s)\n\n", ferry::version(), ferry::fabric_version().c_str());
-  std::printf("transports (FERRY_TRANSPORT): shm (ferry's shared memory, ranks on one host), ofi (libfabric)\n");
+  std::printf("transports (FERRY_TRANSPORT): shm (ferry's shared memory, ranks on one host), ofi (libfabric), "
+              "ucx (UCX); auto: shm within a host, FERRY_NETWORK (ofi or ucx) across hosts\n");
   std::printf("  shm large data: %s\n", ferry::shm_large_data_path().c_str());
+  std::printf("  ucx: %s\n", ferry::ucx_description().c_str());
   std::printf("ofi providers (FI_EP_RDM with messages and RMA):\n");
   for (const auto& p : ferry::available_providers()) {
     std::printf("  %s\n", p.c_str());

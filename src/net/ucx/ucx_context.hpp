@@ -1,0 +1,45 @@
+// ucx_context.hpp — the UCX backend (FERRY_TRANSPORT=ucx): one UCP context per process, one
+// ucp_worker per ferry device, behind net::Transport.
+//
+// This header names no UCX type, so the runtime and the tools build the same with or without
+// UCX; a build without it (net/ucx/absent.cpp) throws a ferry::Error naming the missing
+// package when the backend is asked for.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "net/transport.hpp"
+
+namespace ferry::net::ucx {
+
+// Whether this build of ferry has the UCX backend.
+bool built() noexcept;
+
+// The process's UCP context (features: tag matching, RMA, active messages).
+class Context;
+struct ContextDeleter {
+  void operator()(Context* c) const noexcept;
+};
+using ContextPtr = std::unique_ptr<Context, ContextDeleter>;
+
+// Opens UCP (UCX_TLS and the other UCX_* variables apply). Throws ferry::Error when UCX is
+// missing or finds no transport.
+ContextPtr open_context();
+
+// How the device's lock model calls the transport: `serialized` when it never lets two threads
+// into it at once (every model but lockless), so the worker runs UCS_THREAD_MODE_SERIALIZED
+// and UCX takes no lock of its own; otherwise UCS_THREAD_MODE_MULTI.
+struct TransportParams {
+  int rank = 0;
+  bool serialized = false;
+  std::vector<bool> away;  // by rank: on another host; those endpoints use UCX's peer error mode
+};
+std::unique_ptr<Transport> make_transport(Context& context, const TransportParams& params);
+
+// "UCX 1.13.1" and, after a loopback endpoint, the transports UCX picks for it here
+// ("tag: posix/memory sysv/memory ...; rma: cma/memory"), for ferry-info; or why not.
+std::string describe();
+
+}  // namespace ferry::net::ucx

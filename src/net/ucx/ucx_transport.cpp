@@ -1,0 +1,813 @@
+// ucx_transport.cpp — one ferry device over one ucp_worker.
+//
+// Mapping
+//  - Messages are UCP tagged messages with one tag class: the tag carries the sender's rank
+//    (UCP_PARAM_FIELD_TAG_SENDER_MASK), every posted receive matches any sender, so UCP's tag
+//    matching only moves each message into the oldest posted buffer, in order per sender.
+//    ferry's own protocols (eager, fragments, rendezvous) run on top, as over libfabric; UCX's
+//    eager/rendezvous choice applies to each packet-sized message.
+//  - inject tries UCP's inline path (UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL: done in the call, or
+//    UCS_ERR_NO_RESOURCE); where that is not possible it copies into a bounce buffer of a fixed
+//    pool that the send's callback returns. An empty pool is -EAGAIN.
+//  - RMA: register_memory maps the range (ucp_mem_map) and packs its rkey; the key ferry
+//    hands to peers is the number of that registration in this transport's table. The first
+//    RMA to (rank, key) asks the owner for the packed rkey by an active message and answers
+//    -EAGAIN (the core retries); the reply, handled in poll, unpacks it into a per-rank cache.
+//    put and put_data complete when an endpoint flush after them completes, so their data is
+//    at the target; put_data then sends its notification as an active message, which the
+//    target reports as a remote_write event.
+//  - Events: UCX callbacks run inside ucp_worker_progress (the poll lock holder's poll); a post
+//    that UCX completes at once reports from the posting thread. Both push onto one
+//    multi-producer ring the poll drains (overflow, never expected: a spin-locked vector).
+//  - Thread mode: UCS_THREAD_MODE_SERIALIZED when the lock model serialises every call,
+//    UCS_THREAD_MODE_MULTI otherwise (UCX then guards the worker itself).
+//  - Failure: ferry's liveness decides that a peer failed (heartbeats, the launcher);
+//    peer_failed() force-closes its endpoint, so UCX completes everything queued to it with
+//    UCS_ERR_CANCELED, which the core counts as peer-gone. Endpoints use UCX's peer error mode
+//    only to peers on other hosts: in UCX 1.13 that mode leaves out the shared-memory
+//    transports.
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "common/log.hpp"
+#include "common/mpmc_ring.hpp"
+#include "common/spinlock.hpp"
+#include "ferry/error.hpp"
+#include "net/abandon.hpp"
+#include "net/ucx/ucp.hpp"
+
+namespace ferry::net::ucx {
+
+namespace {
+
+// Active message ids of the transport's own control traffic.
+constexpr unsigned kAmKeyRequest = 1;  // header: KeyRequest; no data
+constexpr unsigned kAmKeyReply = 2;    // header: KeyReply; data: the packed rkey
+constexpr unsigned kAmNotify = 3;      // header: Notify; no data
+
+struct KeyRequest {
+  std::int32_t from;
+  std::uint32_t pad;
+  std::uint64_t key;
+};
+struct KeyReply {
+  std::int32_t from;
+  std::int32_t found;  // 0: the owner has no such registration
+  std::uint64_t key;
+};
+struct Notify {
+  std::int32_t from;
+  std::uint32_t pad;
+  std::uint64_t data;
+  std::uint64_t length;
+};
+
+constexpr std::size_t kInjectSize = 512;    // past UCX's inline path on shared memory (93 B), within tcp's (8 KiB)
+constexpr std::size_t kBounceSlots = 1024;  // bounce buffers for injects that cannot go inline
+// A bounce slot: the owning transport (for the send's callback, whose user data is the slot),
+// then the message.
+constexpr std::size_t kBounceHead = 16;
+constexpr std::size_t kBounceSlot = kBounceHead + kInjectSize;
+constexpr std::size_t kEventRing = 8192;
+constexpr std::size_t kSendQueue = 1024;
+
+// What a post keeps in its OpContext's backend bytes until its event.
+class UcxTransport;
+struct OpState {
+  UcxTransport* transport;  // for the callbacks, whose user data is the context
+  std::int32_t rank;
+  std::int32_t kind;  // OpKindUcx
+  std::uint64_t data;    // put_data: the notification's data
+  std::uint64_t length;  // put_data: bytes written
+  void* request;         // a receive's UCX request until it completes (for cancel_all)
+  detail::OpContext* next;  // posted receives, in posting order (poll lock holder only)
+  std::int32_t error;       // a receive's outcome, once done
+  std::int32_t done;
+};
+static_assert(sizeof(OpState) <= detail::OpContext::kBackendBytes);
+enum OpKindUcx : std::int32_t { op_send = 0, op_recv = 1, op_put = 2, op_put_data = 3, op_get = 4 };
+
+inline OpState& state(detail::OpContext* c) noexcept { return *reinterpret_cast<OpState*>(c->backend); }
+
+class UcxRegistration final : public Registration {
+ public:
+  UcxRegistration(ucp_context_h context, ucp_mem_h memh, std::uint64_t key) noexcept
+      : context_(context), memh_(memh), key_(key) {}
+  ~UcxRegistration() override { ucp_mem_unmap(context_, memh_); }
+  std::uint64_t key() const noexcept override { return key_; }
+  void* desc() const noexcept override { return nullptr; }
+
+ private:
+  ucp_context_h context_;
+  ucp_mem_h memh_;
+  std::uint64_t key_;
+};
+
+class UcxTransport final : public Transport {
+ public:
+  UcxTransport(Context& context, const TransportParams& p)
+      : context_(context.get()), rank_(p.rank), away_(p.away), events_(kEventRing), free_bounce_(kBounceSlots),
+        bounce_(new unsigned char[kBounceSlots * kBounceSlot]) {
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = p.serialized ? UCS_THREAD_MODE_SERIALIZED : UCS_THREAD_MODE_MULTI;
+    const ucs_status_t s = ucp_worker_create(context_, &wp, &worker_);
+    if (s != UCS_OK) throw Error("FERRY_TRANSPORT=ucx: " + ucs_error("ucp_worker_create", s));
+    for (std::size_t i = 0; i < kBounceSlots; ++i) {
+      unsigned char* slot = bounce_.get() + i * kBounceSlot;
+      UcxTransport* self = this;
+      std::memcpy(slot, &self, sizeof(self));
+      free_bounce_.try_push(slot);
+    }
+    set_am_handler(kAmKeyRequest, &UcxTransport::on_key_request);
+    set_am_handler(kAmKeyReply, &UcxTransport::on_key_reply);
+    set_am_handler(kAmNotify, &UcxTransport::on_notify);
+    caps_.name = "ucx";
+    caps_.inject_size = kInjectSize;
+    caps_.max_msg_size = std::size_t{1} << 30;
+    caps_.max_rma_size = std::size_t{1} << 30;
+    caps_.remote_data_bytes = 8;
+    caps_.send_queue = kSendQueue;
+    caps_.rma_virtual_address = true;
+    caps_.local_registration = false;
+    caps_.remote_data_consumes_recv = false;
+    caps_.reports_source = true;
+  }
+
+  ~UcxTransport() override { close(); }
+
+  std::string address() const override {
+    ucp_address_t* a = nullptr;
+    std::size_t len = 0;
+    const ucs_status_t s = ucp_worker_get_address(worker_, &a, &len);
+    if (s != UCS_OK) throw Error("FERRY_TRANSPORT=ucx: " + ucs_error("ucp_worker_get_address", s));
+    static const char* hex = "0123456789abcdef";
+    std::string out;
+    out.reserve(2 * len);
+    const auto* b = reinterpret_cast<const unsigned char*>(a);
+    for (std::size_t i = 0; i < len; ++i) {
+      out.push_back(hex[b[i] >> 4]);
+      out.push_back(hex[b[i] & 15]);
+    }
+    ucp_worker_release_address(worker_, a);
+    return out;
+  }
+
+  void connect(const std::vector<std::string>& addresses) override {
+    const std::vector<bool>& away = away_;
+    eps_.assign(addresses.size(), nullptr);
+    for (std::size_t r = 0; r < addresses.size(); ++r) {
+      const std::string& text = addresses[r];
+      if (text.empty()) continue;
+      if (text.size() % 2 != 0) throw Error("ucx: rank " + std::to_string(r) + "'s worker address has odd length");
+      std::vector<unsigned char> bytes(text.size() / 2);
+      for (std::size_t i = 0; i < bytes.size(); ++i) {
+        const int hi = nibble(text[2 * i]), lo = nibble(text[2 * i + 1]);
+        if (hi < 0 || lo < 0) throw Error("ucx: rank " + std::to_string(r) + "'s worker address is not hexadecimal");
+        bytes[i] = static_cast<unsigned char>(hi << 4 | lo);
+      }
+      ucp_ep_params_t ep{};
+      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+      ep.address = reinterpret_cast<const ucp_address_t*>(bytes.data());
+      const bool peer_mode = r < away.size() && away[r];
+      ep.err_mode = peer_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+      if (peer_mode) {
+        ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        ep.err_handler.cb = &UcxTransport::on_ep_error;
+        ep.err_handler.arg = this;
+      }
+      const ucs_status_t s = ucp_ep_create(worker_, &ep, &eps_[r]);
+      if (s != UCS_OK) throw Error("ucx: endpoint to rank " + std::to_string(r) + ": " + ucs_error("ucp_ep_create", s));
+    }
+  }
+
+  // ---- messages ----
+
+  int inject(int rank, const void* buf, std::size_t len) override {
+    ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)];
+    if (__builtin_expect(ep == nullptr, 0)) return -EHOSTDOWN;
+    ucp_request_param_t p;
+    p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
+    void* r = ucp_tag_send_nbx(ep, buf, len, tag_of(rank_), &p);
+    if (__builtin_expect(r == nullptr, 1)) return 0;
+    if (UCS_PTR_STATUS(r) != UCS_ERR_NO_RESOURCE) return to_errno(UCS_PTR_STATUS(r));
+    // Not inline: from a bounce buffer the send's callback returns.
+    unsigned char* slot = nullptr;
+    if (len > kInjectSize || !free_bounce_.try_pop(slot)) return -EAGAIN;
+    std::memcpy(slot + kBounceHead, buf, len);
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = &UcxTransport::on_bounce_sent;
+    p.user_data = slot;
+    r = ucp_tag_send_nbx(ep, slot + kBounceHead, len, tag_of(rank_), &p);
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+      free_bounce_.try_push(slot);
+      return r == nullptr ? 0 : to_errno(UCS_PTR_STATUS(r));
+    }
+    return 0;
+  }
+
+  int send(int rank, const void* buf, std::size_t len, void*, detail::OpContext* ctx) override {
+    ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)];
+    if (__builtin_expect(ep == nullptr, 0)) return -EHOSTDOWN;
+    ucp_request_param_t p = tracked(ctx, rank, op_send);
+    return posted(ctx, rank, ucp_tag_send_nbx(ep, buf, len, tag_of(rank_), &p));
+  }
+
+  int post_recv(void* buf, std::size_t len, void*, detail::OpContext* ctx) override {
+    OpState& st = state(ctx);
+    st.transport = this;
+    st.rank = -1;
+    st.kind = op_recv;
+    st.next = nullptr;
+    st.done = 0;
+    st.error = 0;
+    st.request = nullptr;
+    ucp_request_param_t p;
+    // No immediate completion: UCX 1.13 returned UCS_OK for some receives of messages already
+    // waiting without filling recv_info (the tcp stress runs), so every receive completes
+    // through its callback, which then may run inside this call.
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    p.cb.recv = &UcxTransport::on_received;
+    p.user_data = ctx;
+    void* r = ucp_tag_recv_nbx(worker_, buf, len, 0, 0, &p);
+    if (UCS_PTR_IS_ERR(r)) return to_errno(UCS_PTR_STATUS(r));
+    if (st.done == 0) st.request = r;
+    if (recv_tail_ != nullptr) state(recv_tail_).next = ctx; else recv_head_ = ctx;
+    recv_tail_ = ctx;
+    return 0;
+  }
+
+  // ---- RMA ----
+
+  int put(int rank, const void* buf, std::size_t len, void*, std::uint64_t addr, std::uint64_t key,
+          detail::OpContext* ctx) override {
+    return put_flushed(rank, buf, len, addr, key, ctx, op_put, 0);
+  }
+  int put_data(int rank, const void* buf, std::size_t len, void*, std::uint64_t data, std::uint64_t addr,
+               std::uint64_t key, detail::OpContext* ctx) override {
+    return put_flushed(rank, buf, len, addr, key, ctx, op_put_data, data);
+  }
+  int inject_put(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key) override {
+    ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)];
+    if (ep == nullptr) return -EHOSTDOWN;
+    ucp_rkey_h rkey = nullptr;
+    if (const int rc = find_rkey(rank, key, &rkey); rc != 0) return rc;
+    unsigned char* slot = nullptr;
+    if (len > kInjectSize || !free_bounce_.try_pop(slot)) return -EAGAIN;
+    std::memcpy(slot + kBounceHead, buf, len);
+    ucp_request_param_t p;
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = &UcxTransport::on_bounce_sent;
+    p.user_data = slot;
+    void* r = ucp_put_nbx(ep, slot + kBounceHead, len, addr, rkey, &p);
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+      free_bounce_.try_push(slot);
+      return r == nullptr ? 0 : to_errno(UCS_PTR_STATUS(r));
+    }
+    return 0;
+  }
+  int get(int rank, void* buf, std::size_t len, void*, std::uint64_t addr, std::uint64_t key,
+          detail::OpContext* ctx) override {
+    ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)];
+    if (ep == nullptr) return -EHOSTDOWN;
+    ucp_rkey_h rkey = nullptr;
+    if (const int rc = find_rkey(rank, key, &rkey); rc != 0) return rc;
+    ucp_request_param_t p = tracked(ctx, rank, op_get);
+    return posted(ctx, rank, ucp_get_nbx(ep, buf, len, addr, rkey, &p));
+  }
+
+  Registration* register_memory(const void* buf, std::size_t len, Access) override {
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = const_cast<void*>(buf);
+    mp.length = len;
+    ucp_mem_h memh = nullptr;
+    ucs_status_t s = ucp_mem_map(context_, &mp, &memh);
+    if (s != UCS_OK) {
+      throw Error("ucx: registering " + std::to_string(len) + " bytes at " + std::to_string(reinterpret_cast<std::uintptr_t>(buf)) +
+                  ": " + ucs_error("ucp_mem_map", s));
+    }
+    void* packed = nullptr;
+    std::size_t packed_len = 0;
+    s = ucp_rkey_pack(context_, memh, &packed, &packed_len);
+    if (s != UCS_OK) {
+      ucp_mem_unmap(context_, memh);
+      throw Error("ucx: registering " + std::to_string(len) + " bytes: " + ucs_error("ucp_rkey_pack", s));
+    }
+    const std::uint64_t key = next_key_.fetch_add(1, std::memory_order_relaxed);
+    {
+      std::lock_guard<detail::SpinLock> g(packed_lock_);
+      packed_.emplace(key, std::string(static_cast<const char*>(packed), packed_len));
+    }
+    ucp_rkey_buffer_release(packed);
+    return new UcxRegistration(context_, memh, key);
+  }
+  void deregister(Registration* r) noexcept override {
+    {
+      std::lock_guard<detail::SpinLock> g(packed_lock_);
+      packed_.erase(r->key());
+    }
+    delete r;
+  }
+
+  // ---- progress ----
+
+  int poll(Event* events, int max) override {
+    if (__builtin_expect(rma_.busy(), 0)) {
+      const int n = rma_.abandon(events, max);
+      if (n > 0) return n;
+    }
+    ucp_worker_progress(worker_);
+    if (__builtin_expect(!replies_.empty(), 0)) send_replies();
+    int n = 0;
+    // Receives in posting order: UCP matches each message to the oldest posted receive, but a
+    // message of several fragments completes after a later one-fragment message; reporting
+    // in posting order keeps each sender's messages in the order sent.
+    while (n < max && recv_head_ != nullptr && state(recv_head_).done != 0) {
+      detail::OpContext* c = recv_head_;
+      const OpState& st = state(c);
+      recv_head_ = st.next;
+      if (recv_head_ == nullptr) recv_tail_ = nullptr;
+      Event& e = events[n++];
+      e = completed(c, st.rank, st.error);
+      e.length = st.length;
+    }
+    while (n < max && events_.try_pop(events[n])) {
+      if (settled(events[n])) ++n;
+    }
+    if (__builtin_expect(overflowing_.load(std::memory_order_acquire), 0) && n < max) {
+      std::lock_guard<detail::SpinLock> g(overflow_lock_);
+      std::size_t i = 0;
+      while (n < max && i < overflow_.size()) {
+        events[n] = overflow_[i++];
+        if (settled(events[n])) ++n;
+      }
+      overflow_.erase(overflow_.begin(), overflow_.begin() + static_cast<std::ptrdiff_t>(i));
+      if (overflow_.empty()) overflow_flag_clear();
+    }
+    return n;
+  }
+
+  void cancel_all() noexcept override {
+    for (detail::OpContext* c = recv_head_; c != nullptr; c = state(c).next) {
+      if (state(c).request != nullptr) ucp_request_cancel(worker_, state(c).request);
+    }
+    // The cancelled receives' callbacks run in progress; their events are not delivered.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    auto pending = [&] {
+      for (detail::OpContext* c = recv_head_; c != nullptr; c = state(c).next)
+        if (state(c).request != nullptr) return true;
+      return false;
+    };
+    while (pending() && std::chrono::steady_clock::now() < deadline) ucp_worker_progress(worker_);
+    recv_head_ = recv_tail_ = nullptr;
+  }
+
+  void close() noexcept override {
+    if (closed_) return;
+    closed_ = true;
+    // Flush-close every endpoint (its queued sends leave), giving up after a deadline on a peer
+    // that does not answer; then force-close what is left.
+    std::vector<void*> closing;
+    for (ucp_ep_h& ep : eps_) {
+      if (ep == nullptr) continue;
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = 0;
+      void* r = ucp_ep_close_nbx(ep, &p);
+      if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+      ep = nullptr;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    for (void* r : closing) {
+      while (ucp_request_check_status(r) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline) {
+        ucp_worker_progress(worker_);
+      }
+      if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(worker_, r);
+      ucp_request_free(r);
+    }
+    for (int i = 0; i < 100 && ucp_worker_progress(worker_) != 0; ++i) {
+    }
+    drain_unexpected();
+    for (auto& [k, rkey] : rkeys_) ucp_rkey_destroy(rkey);
+    rkeys_.clear();
+    // What is still queued (sends to a failed peer, whose endpoint UCX keeps until now) is
+    // purged here, with callbacks: they must not touch contexts the core may have freed.
+    tearing_down_ = this;
+    ucp_worker_destroy(worker_);
+    tearing_down_ = nullptr;
+    worker_ = nullptr;
+  }
+
+  std::string describe_peer(int rank) const override {
+    if (rank < 0 || static_cast<std::size_t>(rank) >= eps_.size() || eps_[static_cast<std::size_t>(rank)] == nullptr) {
+      return caps_.name;
+    }
+    return caps_.name + ": " + lanes_of(eps_[static_cast<std::size_t>(rank)]);
+  }
+
+  void peer_failed(int rank) override {
+    if (rank < 0 || static_cast<std::size_t>(rank) >= eps_.size()) return;
+    rma_.peer_failed(rank);
+    ucp_ep_h& ep = eps_[static_cast<std::size_t>(rank)];
+    if (ep == nullptr) return;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* r = ucp_ep_close_nbx(ep, &p);
+    ep = nullptr;
+    if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
+  }
+
+ private:
+  // Teardown: messages that arrived after the last receive was cancelled (a peer's final
+  // traffic) are taken and dropped, so the worker goes with nothing unmatched.
+  void drain_unexpected() noexcept {
+    std::vector<unsigned char> sink;
+    for (int i = 0; i < 100000; ++i) {
+      ucp_tag_recv_info_t info;
+      ucp_tag_message_h m = ucp_tag_probe_nb(worker_, 0, 0, 1, &info);
+      if (m == nullptr) {
+        if (ucp_worker_progress(worker_) == 0) return;
+        continue;
+      }
+      try {
+        sink.resize(std::max<std::size_t>(info.length, 1));
+      } catch (...) {
+        return;
+      }
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+      p.cb.recv = [](void*, ucs_status_t, const ucp_tag_recv_info_t*, void*) {};
+      void* r = ucp_tag_msg_recv_nbx(worker_, sink.data(), info.length, m, &p);
+      if (!UCS_PTR_IS_PTR(r)) continue;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      while (ucp_request_check_status(r) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline) {
+        ucp_worker_progress(worker_);
+      }
+      if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(worker_, r);
+      ucp_request_free(r);
+    }
+  }
+
+  // A tracked completion (a queued send, an RMA operation) leaves the tracking; false when its
+  // operation was reported abandoned already (the event is dropped).
+  bool settled(const Event& e) noexcept {
+    if (e.remote_write || e.context == nullptr) return true;
+    const std::int32_t kind = state(e.context).kind;
+    if (kind == op_recv) return true;
+    return !rma_.settle(e.context);
+  }
+
+  // The start of a send or get, which completes through on_sent: the context's state, and its
+  // tracking, before the post (the callback may run in the poll at once): one queued to a peer
+  // that then fails is never completed by UCX without its peer error mode.
+  ucp_request_param_t tracked(detail::OpContext* ctx, int rank, OpKindUcx kind) {
+    OpState& st = state(ctx);
+    st.transport = this;
+    st.rank = rank;
+    st.kind = kind;
+    ucp_request_param_t p;
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = &UcxTransport::on_sent;
+    p.user_data = ctx;
+    rma_.track(ctx, rank);
+    return p;
+  }
+  // Its end: an immediate completion becomes an event, a refusal leaves the tracking.
+  int posted(detail::OpContext* ctx, int rank, void* r) {
+    if (r == nullptr) {
+      rma_.untrack(ctx);
+      push(completed(ctx, rank, 0));
+      return 0;
+    }
+    if (UCS_PTR_IS_ERR(r)) {
+      rma_.untrack(ctx);
+      return to_errno(UCS_PTR_STATUS(r));
+    }
+    return 0;
+  }
+
+  static int nibble(char c) noexcept {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  }
+  static ucp_tag_t tag_of(int rank) noexcept { return static_cast<ucp_tag_t>(static_cast<std::uint32_t>(rank)); }
+
+  static Event completed(detail::OpContext* ctx, int rank, int error) noexcept {
+    Event e;
+    e.context = ctx;
+    e.length = 0;
+    e.data = 0;
+    e.rank = rank;
+    e.error = error;
+    e.remote_write = false;
+    e.lent = nullptr;
+    e.abandoned = false;
+    return e;
+  }
+
+  // Any thread. The ring holds every event unless it is full (more completions waiting than
+  // kEventRing: never with the core's credits); then this and every later event, until the
+  // poll empties it, go to the overflow vector, so one thread's events keep their order.
+  void push(const Event& e) noexcept {
+    if (__builtin_expect(!overflowing_.load(std::memory_order_acquire), 1) && events_.try_push(e)) return;
+    std::lock_guard<detail::SpinLock> g(overflow_lock_);
+    overflowing_.store(true, std::memory_order_release);
+    try {
+      overflow_.push_back(e);
+    } catch (...) {
+      FERRY_LOG(error, "ucx: an event was lost (out of memory)");
+    }
+  }
+  void overflow_flag_clear() noexcept { overflowing_.store(false, std::memory_order_release); }
+
+  void set_am_handler(unsigned id, ucp_am_recv_callback_t cb) {
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    hp.id = id;
+    hp.cb = cb;
+    hp.arg = this;
+    const ucs_status_t s = ucp_worker_set_am_recv_handler(worker_, &hp);
+    if (s != UCS_OK) throw Error("FERRY_TRANSPORT=ucx: " + ucs_error("ucp_worker_set_am_recv_handler", s));
+  }
+
+  // ---- callbacks (inside ucp_worker_progress) ----
+  static void on_sent(void* request, ucs_status_t status, void* user) {
+    if (tearing_down_ != nullptr) {
+      ucp_request_free(request);
+      return;
+    }
+    auto* ctx = static_cast<detail::OpContext*>(user);
+    state(ctx).transport->push(completed(ctx, state(ctx).rank, to_errno(status)));
+    ucp_request_free(request);
+  }
+  static void on_received(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
+    if (tearing_down_ != nullptr) {
+      ucp_request_free(request);
+      return;
+    }
+    OpState& st = state(static_cast<detail::OpContext*>(user));
+    st.rank = static_cast<std::int32_t>(info->sender_tag & 0xFFFFFFFFu);
+    st.length = info->length;
+    st.error = to_errno(status);
+    st.request = nullptr;
+    st.done = 1;
+    ucp_request_free(request);
+  }
+  static void on_bounce_sent(void* request, ucs_status_t, void* user) {
+    auto* slot = static_cast<unsigned char*>(user);
+    UcxTransport* t = nullptr;
+    std::memcpy(&t, slot, sizeof(t));
+    t->free_bounce_.try_push(slot);
+    ucp_request_free(request);
+  }
+
+  // ---- remote keys ----
+  static std::uint64_t rkey_index(int rank, std::uint64_t key) noexcept {
+    return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(rank)) << 40) ^ key;
+  }
+  // 0 with the rkey, -EAGAIN while it is being fetched, -EINVAL when the owner has none.
+  int find_rkey(int rank, std::uint64_t key, ucp_rkey_h* out) {
+    const std::uint64_t k = rkey_index(rank, key);
+    {
+      std::lock_guard<detail::SpinLock> g(rkey_lock_);
+      if (auto it = rkeys_.find(k); it != rkeys_.end()) {
+        *out = it->second;
+        return 0;
+      }
+      if (missing_.count(k) != 0) return -EINVAL;
+      if (!requested_.insert(k).second) return -EAGAIN;
+    }
+    auto* req = new KeyRequest{rank_, 0, key};
+    ucp_request_param_t p;
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_EAGER;
+    p.cb.send = [](void* r, ucs_status_t, void* u) {
+      delete static_cast<KeyRequest*>(u);
+      ucp_request_free(r);
+    };
+    p.user_data = req;
+    void* r = ucp_am_send_nbx(eps_[static_cast<std::size_t>(rank)], kAmKeyRequest, req, sizeof(*req), nullptr, 0, &p);
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+      delete req;
+      if (r != nullptr) {
+        std::lock_guard<detail::SpinLock> g(rkey_lock_);
+        requested_.erase(k);
+        return to_errno(UCS_PTR_STATUS(r));
+      }
+    }
+    return -EAGAIN;
+  }
+
+  static ucs_status_t on_key_request(void* arg, const void* header, std::size_t header_length, void*, std::size_t,
+                                     const ucp_am_recv_param_t*) {
+    auto* t = static_cast<UcxTransport*>(arg);
+    if (header_length != sizeof(KeyRequest)) return UCS_OK;  // not ferry's: ignored
+    KeyRequest q;
+    std::memcpy(&q, header, sizeof(q));
+    if (q.from < 0 || static_cast<std::size_t>(q.from) >= t->eps_.size()) return UCS_OK;
+    t->replies_.push_back(Reply{q.from, q.key});
+    return UCS_OK;
+  }
+  // After progress (not inside a callback): answers the rkey requests.
+  void send_replies() {
+    std::vector<Reply> replies;
+    replies.swap(replies_);
+    for (const Reply& q : replies) {
+      ucp_ep_h ep = eps_[static_cast<std::size_t>(q.to)];
+      if (ep == nullptr) continue;
+      auto* out = new ReplyMessage;
+      out->head = KeyReply{rank_, 0, q.key};
+      {
+        std::lock_guard<detail::SpinLock> g(packed_lock_);
+        if (auto it = packed_.find(q.key); it != packed_.end()) {
+          out->head.found = 1;
+          out->packed = it->second;
+        }
+      }
+      ucp_request_param_t p;
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = UCP_AM_SEND_FLAG_EAGER;
+      p.cb.send = [](void* r, ucs_status_t, void* u) {
+        delete static_cast<ReplyMessage*>(u);
+        ucp_request_free(r);
+      };
+      p.user_data = out;
+      void* r = ucp_am_send_nbx(ep, kAmKeyReply, &out->head, sizeof(out->head), out->packed.data(), out->packed.size(), &p);
+      if (r == nullptr || UCS_PTR_IS_ERR(r)) delete out;
+    }
+  }
+  static ucs_status_t on_key_reply(void* arg, const void* header, std::size_t header_length, void* data, std::size_t length,
+                                   const ucp_am_recv_param_t* param) {
+    auto* t = static_cast<UcxTransport*>(arg);
+    if (header_length != sizeof(KeyReply) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) return UCS_OK;
+    KeyReply q;
+    std::memcpy(&q, header, sizeof(q));
+    if (q.from < 0 || static_cast<std::size_t>(q.from) >= t->eps_.size()) return UCS_OK;
+    const std::uint64_t k = rkey_index(q.from, q.key);
+    ucp_rkey_h rkey = nullptr;
+    ucp_ep_h ep = t->eps_[static_cast<std::size_t>(q.from)];
+    const bool ok = q.found != 0 && ep != nullptr && ucp_ep_rkey_unpack(ep, data, &rkey) == UCS_OK;
+    (void)length;
+    std::lock_guard<detail::SpinLock> g(t->rkey_lock_);
+    t->requested_.erase(k);
+    if (ok) {
+      t->rkeys_.emplace(k, rkey);
+    } else {
+      t->missing_.insert(k);
+    }
+    return UCS_OK;
+  }
+
+  // put and put_data: the put, then a flush of the endpoint whose completion is the event (the
+  // data is then at the target); put_data's flush also sends the notification.
+  int put_flushed(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key,
+                  detail::OpContext* ctx, OpKindUcx kind, std::uint64_t data) {
+    ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)];
+    if (ep == nullptr) return -EHOSTDOWN;
+    ucp_rkey_h rkey = nullptr;
+    if (const int rc = find_rkey(rank, key, &rkey); rc != 0) return rc;
+    OpState& st = state(ctx);
+    st.transport = this;
+    st.rank = rank;
+    st.kind = kind;
+    st.data = data;
+    st.length = len;
+    ucp_request_param_t p;
+    p.op_attr_mask = 0;
+    void* r = ucp_put_nbx(ep, buf, len, addr, rkey, &p);
+    if (UCS_PTR_IS_ERR(r)) return to_errno(UCS_PTR_STATUS(r));
+    rma_.track(ctx, rank);
+    if (r != nullptr) ucp_request_free(r);  // released by UCX when done; the flush below waits for it
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = &UcxTransport::on_flushed;
+    p.user_data = ctx;
+    r = ucp_ep_flush_nbx(ep, &p);
+    if (r == nullptr) {
+      flushed(ctx, UCS_OK);
+      return 0;
+    }
+    if (UCS_PTR_IS_ERR(r)) {
+      flushed(ctx, UCS_PTR_STATUS(r));
+      return 0;
+    }
+    return 0;
+  }
+  static void on_flushed(void* request, ucs_status_t status, void* user) {
+    if (tearing_down_ != nullptr) {
+      ucp_request_free(request);
+      return;
+    }
+    auto* ctx = static_cast<detail::OpContext*>(user);
+    state(ctx).transport->flushed(ctx, status);
+    ucp_request_free(request);
+  }
+  void flushed(detail::OpContext* ctx, ucs_status_t status) noexcept {
+    OpState& st = state(ctx);
+    const int rank = st.rank;
+    if (status == UCS_OK && st.kind == op_put_data) {
+      ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)];
+      auto* n = new (std::nothrow) Notify{rank_, 0, st.data, st.length};
+      if (ep == nullptr || n == nullptr) {
+        delete n;
+        status = UCS_ERR_CANCELED;
+      } else {
+        ucp_request_param_t p;
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+        p.flags = UCP_AM_SEND_FLAG_EAGER;
+        p.cb.send = [](void* r, ucs_status_t, void* u) {
+          delete static_cast<Notify*>(u);
+          ucp_request_free(r);
+        };
+        p.user_data = n;
+        void* r = ucp_am_send_nbx(ep, kAmNotify, n, sizeof(*n), nullptr, 0, &p);
+        if (r == nullptr || UCS_PTR_IS_ERR(r)) delete n;
+        if (UCS_PTR_IS_ERR(r)) status = UCS_PTR_STATUS(r);
+      }
+    }
+    push(completed(ctx, rank, to_errno(status)));
+  }
+  static ucs_status_t on_notify(void* arg, const void* header, std::size_t header_length, void*, std::size_t,
+                                const ucp_am_recv_param_t*) {
+    auto* t = static_cast<UcxTransport*>(arg);
+    if (header_length != sizeof(Notify)) return UCS_OK;
+    Notify n;
+    std::memcpy(&n, header, sizeof(n));
+    if (n.from < 0 || static_cast<std::size_t>(n.from) >= t->eps_.size()) return UCS_OK;
+    Event e = completed(nullptr, n.from, 0);
+    e.remote_write = true;
+    e.data = n.data;
+    e.length = static_cast<std::size_t>(n.length);
+    t->push(e);
+    return UCS_OK;
+  }
+
+  static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    auto* t = static_cast<UcxTransport*>(arg);
+    for (std::size_t r = 0; r < t->eps_.size(); ++r) {
+      if (t->eps_[r] != ep) continue;
+      FERRY_LOG(warn, "ucx: the endpoint to rank %zu failed: %s", r, ucs_status_string(status));
+    }
+  }
+
+  struct Reply {
+    int to;
+    std::uint64_t key;
+  };
+  struct ReplyMessage {
+    KeyReply head;
+    std::string packed;
+  };
+
+  ucp_context_h context_;
+  ucp_worker_h worker_ = nullptr;
+  int rank_;
+  std::vector<bool> away_;     // by rank: on another host (UCX's peer error mode)
+  std::vector<ucp_ep_h> eps_;  // by rank; written by connect (and peer_failed/close), read by posts
+  detail::MpmcRing<Event> events_;
+  std::atomic<bool> overflowing_{false};
+  detail::SpinLock overflow_lock_;
+  std::vector<Event> overflow_;
+  // Bounce buffers for injects UCX cannot complete inline; the map names each in-flight one by
+  // its request (a send's user data is the transport).
+  detail::MpmcRing<unsigned char*> free_bounce_;
+  std::unique_ptr<unsigned char[]> bounce_;
+  // Posted receives in posting order (poll lock holder only).
+  detail::OpContext* recv_head_ = nullptr;
+  detail::OpContext* recv_tail_ = nullptr;
+  // Remote keys: unpacked rkeys by (rank, key), the ones asked for, the ones the owner lacks.
+  detail::SpinLock rkey_lock_;
+  std::unordered_map<std::uint64_t, ucp_rkey_h> rkeys_;
+  std::unordered_set<std::uint64_t> requested_;
+  std::unordered_set<std::uint64_t> missing_;
+  // This rank's registrations: packed rkeys by key.
+  detail::SpinLock packed_lock_;
+  std::unordered_map<std::uint64_t, std::string> packed_;
+  std::atomic<std::uint64_t> next_key_{1};  // only uniqueness matters: relaxed
+  std::vector<Reply> replies_;  // poll lock holder
+  AbandonTracker rma_;          // queued sends and RMA operations in flight, and a failed peer's given up
+  bool closed_ = false;
+  // The transport whose worker is being destroyed on this thread (callbacks then only free
+  // their requests).
+  static thread_local UcxTransport* tearing_down_;
+};
+
+thread_local UcxTransport* UcxTransport::tearing_down_ = nullptr;
+
+}  // namespace
+
+std::unique_ptr<Transport> make_transport(Context& context, const TransportParams& params) {
+  return std::make_unique<UcxTransport>(context, params);
+}
+
+}  // namespace ferry::net::ucx
