@@ -23,8 +23,10 @@ args=(--test-dir "$dir" --output-on-failure --timeout 600)
 case "$sanitize" in
   "") ctest "${args[@]}" -LE tsan_only ;;
   # 2 GiB under ASan needs 3x the memory; the lock-model variants repeat what TSan checks;
-  # libfabric's tcp provider runs the same ofi backend code as its shm provider does.
-  address) ctest "${args[@]}" -LE "large|tsan_only|lock_model|ofi_tcp" ;;
+  # libfabric's tcp provider runs the same ofi backend code as its shm provider does, and
+  # UCX's tcp the same ucx backend code as UCX's shared memory. UCX's malloc hooks and memory
+  # events stay off under the sanitizers, whose allocators they would patch.
+  address) UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no ctest "${args[@]}" -LE "large|tsan_only|lock_model|ofi_tcp|ucx_tcp" ;;
   # The concurrent data structures (the shared-memory cell queue and transport included), the
   # stress tests over both shared-memory paths, and the combining lock models.
   thread) FERRY_TEST_MESSAGES=20000 FERRY_TEST_SCALE=1 ctest "${args[@]}" -L "unit|tsan|tsan_only" ;;

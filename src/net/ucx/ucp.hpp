@@ -17,9 +17,12 @@ class Context {
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
   ucp_context_h get() const noexcept { return context_; }
+  // UCX_TLS as UCX read it ("all" by default).
+  const std::string& tls() const noexcept { return tls_; }
 
  private:
   ucp_context_h context_ = nullptr;
+  std::string tls_;
 };
 
 // UCX's status as a negative errno value, so the core sees one vocabulary whatever the

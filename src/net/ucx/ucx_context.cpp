@@ -38,6 +38,28 @@ std::string ucs_error(const char* call, ucs_status_t s) {
   return std::string(call) + ": " + ucs_status_string(s) + " (" + std::to_string(static_cast<int>(s)) + ")";
 }
 
+namespace {
+
+// The UCX_TLS in force, as UCX read it (its configuration printed, the line found), so the
+// library itself reads no environment variable.
+std::string ucx_tls(const ucp_config_t* config) {
+  char* text = nullptr;
+  std::size_t size = 0;
+  FILE* f = open_memstream(&text, &size);
+  if (f == nullptr) return "";
+  ucp_config_print(config, f, nullptr, UCS_CONFIG_PRINT_CONFIG);
+  std::fclose(f);
+  std::istringstream in(std::string(text, size));
+  std::free(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("UCX_TLS=", 0) == 0) return line.substr(8);
+  }
+  return "";
+}
+
+}  // namespace
+
 Context::Context() {
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
@@ -46,12 +68,10 @@ Context::Context() {
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_TAG_SENDER_MASK;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA | UCP_FEATURE_AM;
   params.tag_sender_mask = 0xFFFFFFFFull;  // a message's tag carries its sender's rank
+  tls_ = ucx_tls(config);
   s = ucp_init(&params, config, &context_);
   ucp_config_release(config);
-  if (s != UCS_OK) {
-    const char* tls = std::getenv("UCX_TLS");
-    throw Error("FERRY_TRANSPORT=ucx: " + ucs_error("ucp_init", s) + (tls != nullptr ? std::string(" with UCX_TLS=") + tls : ""));
-  }
+  if (s != UCS_OK) throw Error("FERRY_TRANSPORT=ucx: " + ucs_error("ucp_init", s) + " with UCX_TLS=" + tls_);
 }
 
 Context::~Context() {
@@ -129,9 +149,7 @@ std::string describe() {
     }
     ucp_worker_destroy(b);
     ucp_worker_destroy(a);
-    const char* tls = std::getenv("UCX_TLS");
-    out += "; between two ranks of this host";
-    if (tls != nullptr) out += std::string(" with UCX_TLS=") + tls;
+    out += "; between two ranks of this host with UCX_TLS=" + context.tls();
     out += ": " + (lanes.empty() ? std::string("(no lanes reported)") : lanes);
   } catch (const std::exception& e) {
     out += std::string("; unusable here: ") + e.what();

@@ -202,7 +202,7 @@ class UcxTransport final : public Transport {
     // Not inline: from a bounce buffer the send's callback returns.
     unsigned char* slot = nullptr;
     if (len > kInjectSize || !free_bounce_.try_pop(slot)) return -EAGAIN;
-    std::memcpy(slot + kBounceHead, buf, len);
+    if (len != 0) std::memcpy(slot + kBounceHead, buf, len);  // buf may be null when len is 0
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = &UcxTransport::on_bounce_sent;
     p.user_data = slot;
@@ -262,7 +262,7 @@ class UcxTransport final : public Transport {
     if (const int rc = find_rkey(rank, key, &rkey); rc != 0) return rc;
     unsigned char* slot = nullptr;
     if (len > kInjectSize || !free_bounce_.try_pop(slot)) return -EAGAIN;
-    std::memcpy(slot + kBounceHead, buf, len);
+    if (len != 0) std::memcpy(slot + kBounceHead, buf, len);  // buf may be null when len is 0
     ucp_request_param_t p;
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = &UcxTransport::on_bounce_sent;
