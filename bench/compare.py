@@ -483,7 +483,8 @@ class Ucx(Impl):
         return res["msgrate_overall"] * size / 1e6, res
 
     def describe(self):
-        return {"env": self.env_set, "UCX_TLS": self.env.get("UCX_TLS", "(unset: UCX's default selection)")}
+        return {"env": self.env_set, "UCX_TLS": self.env.get("UCX_TLS", "(unset: UCX's default selection)"),
+                "tests": "ucp_am_lat, ucp_am_bw" if self.api == "am" else "tag_lat, tag_bw"}
 
 
 # --- the run -------------------------------------------------------------------------------
@@ -885,7 +886,7 @@ def main():
             if impl.env_set:
                 text += ", with %s" % " ".join("%s=%s" % kv for kv in impl.env_set.items())
         else:
-            text = "ucx_perftest server and client on 127.0.0.1 (ucp_am_lat, ucp_am_bw), UCX_TLS %s" % d.get("UCX_TLS")
+            text = "ucx_perftest server and client on 127.0.0.1 (%s), UCX_TLS %s" % (d.get("tests"), d.get("UCX_TLS"))
         if impl.skipped:
             text += " — **skipped: %s**" % impl.skipped
         md.append("- **%s**: %s" % (impl.label, text))
