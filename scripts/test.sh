@@ -26,7 +26,8 @@ case "$sanitize" in
   # libfabric's tcp provider runs the same ofi backend code as its shm provider does, and
   # UCX's tcp the same ucx backend code as UCX's shared memory. UCX's malloc hooks and memory
   # events stay off under the sanitizers, whose allocators they would patch.
-  address) UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no ctest "${args[@]}" -LE "large|tsan_only|lock_model|ofi_tcp|ucx_tcp" ;;
+  # The design-space variants over UCX repeat, on the same backend code, what the shm ones check.
+  address) UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no ctest "${args[@]}" -LE "large|tsan_only|lock_model|ofi_tcp|ucx_tcp|ucx_design" ;;
   # The concurrent data structures (the shared-memory cell queue and transport included), the
   # stress tests over both shared-memory paths, and the combining lock models.
   thread) FERRY_TEST_MESSAGES=20000 FERRY_TEST_SCALE=1 ctest "${args[@]}" -L "unit|tsan|tsan_only" ;;

@@ -295,7 +295,7 @@ def axes_of(pts):
     for d in kinds.values():
         d["sizes"] = sorted(d["sizes"])
         d["xs"] = sorted(d["xs"])
-        d["pps"] = [pp for pp in PARCELPORTS if pp in d["pps"]]
+        d["pps"] = [pp for pp in PARCELPORTS + FERRY_BACKENDS if pp in d["pps"]]
     return kinds
 
 
@@ -319,7 +319,7 @@ def write_csv(pts, path):
         w.writerow(["kind", "size_bytes", "threads", "chains", "nsteps", "parcelport", "median", "min", "max",
                     "unit", "reps", "failed"])
         for (kind, nbytes, x, pp), p in sorted(pts.items(), key=lambda kv: (kv[0][0] != "rate", kv[0][1], kv[0][2],
-                                                                              PARCELPORTS.index(kv[0][3]))):
+                                                                              (PARCELPORTS + FERRY_BACKENDS).index(kv[0][3]))):
             threads = x if kind == "rate" else p["threads"]
             chains = p["nchains"] if kind == "rate" else x
             fmt = (lambda v: "" if v is None else f"{v:.6g}")
