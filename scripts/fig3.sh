@@ -4,6 +4,7 @@
 #   scripts/fig3.sh --quick            # about 2 minutes
 #   scripts/fig3.sh                    # the full sweep, 5 reps per point (under ~25 minutes)
 #   scripts/fig3.sh --reps 3 --threads 1,2 --chains 1,64,1024 --out results/mine
+#   scripts/fig3.sh --parcelports ferry@shm,ferry@ofi,ferry@ucx,mpi,mpi_a   # ferry on each backend
 # FERRY_BUILD_DIR (default build) picks the build tree. fig3.py --help lists every knob.
 set -euo pipefail
 cd "$(dirname "$0")/.."
