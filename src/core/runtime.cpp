@@ -208,7 +208,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   for (int d = 0; d < config_.devices; ++d) {
     std::vector<std::unique_ptr<net::Transport>> transports;
     if (plan.ofi) transports.push_back(net::ofi::make_transport(*fabric_));
-    if (plan.ucx) transports.push_back(net::ucx::make_transport(*ucx_, net::ucx::TransportParams{rank_, serialized, away_ranks}));
+    if (plan.ucx) transports.push_back(net::ucx::make_transport(*ucx_, net::ucx::TransportParams{rank_, serialized, away_ranks, config_.packets}));
     if (plan.shm) {
       transports.push_back(net::make_shm_transport(net::ShmParams{rank_, size_, d, config_.packet_size, round_up_pow2(config_.shm_cells),
                                                                   shm_copy(config_.shm_copy)}));

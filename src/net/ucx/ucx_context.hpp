@@ -35,6 +35,9 @@ struct TransportParams {
   int rank = 0;
   bool serialized = false;
   std::vector<bool> away;  // by rank: on another host; those endpoints use UCX's peer error mode
+  // Bounce buffers for injects UCX cannot complete inline (at most 1024): the device's packet
+  // budget (FERRY_PACKETS) bounds them too, so a small pool pushes back here as well.
+  std::size_t bounce_slots = 1024;
 };
 std::unique_ptr<Transport> make_transport(Context& context, const TransportParams& params);
 
