@@ -517,15 +517,41 @@ void Rendezvous::start_recv(Packet* rts, const RecvDescriptor* recv) {
     finish(op);
     return;
   }
-  dc_.defer([this, op] {
-    if (!op->remote.empty()) {
-      if (read_budget_ <= 0) return false;  // its blocks are taken when its first read may go
-      prepare(op);
+  bool schedule = false;
+  {
+    std::lock_guard<std::mutex> guard(waiting_mutex_);
+    waiting_.push_back(op);
+    schedule = !waiting_scheduled_;
+    waiting_scheduled_ = true;
+  }
+  if (schedule) dc_.defer([this] { return run_waiting(); });
+}
+
+bool Rendezvous::step(RecvOp* op) {
+  if (!op->remote.empty()) {
+    if (read_budget_ <= 0) return false;  // its blocks are taken when its first read may go
+    prepare(op);
+  }
+  if (!issue_reads(op)) return false;
+  if (op->completed == op->chunks.size()) finish(op);
+  return true;
+}
+
+bool Rendezvous::run_waiting() {
+  for (;;) {
+    RecvOp* op = nullptr;
+    {
+      std::lock_guard<std::mutex> guard(waiting_mutex_);
+      if (waiting_.empty()) {
+        waiting_scheduled_ = false;
+        return true;
+      }
+      op = waiting_.front();
     }
-    if (!issue_reads(op)) return false;
-    if (op->completed == op->chunks.size()) finish(op);
-    return true;
-  });
+    if (!step(op)) return false;  // run again, from this one, at the next progress call
+    std::lock_guard<std::mutex> guard(waiting_mutex_);
+    waiting_.pop_front();
+  }
 }
 
 // Whether a read into receive block `block` over `l` asks the sender to write instead

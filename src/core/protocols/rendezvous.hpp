@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <vector>
 
@@ -114,6 +115,13 @@ class Rendezvous {
 
  private:
   bool issue_reads(RecvOp* op);
+  // One receive's next steps (its blocks, its reads, its finish); false while it must wait.
+  bool step(RecvOp* op);
+  // The deferred step for every waiting receive: runs them in arrival order and stops at the
+  // first that must wait (all later ones would wait too: the read budget, credits or the
+  // transport are exhausted). One step for all, so a progress call with thousands of waiting
+  // receives costs one look at the first, not one call each.
+  bool run_waiting();
   bool pushes_into(const Link& l, const void* block) const noexcept;
   void prepare(RecvOp* op);
   void finish(RecvOp* op);
@@ -131,6 +139,11 @@ class Rendezvous {
   PendingSends pending_;
   std::ptrdiff_t read_budget_ = 0;  // used by deferred steps, which only progress runs
   std::size_t pushing_ = 0;         // bytes of pushed reads in flight (progress only, as read_budget_)
+  // Receives waiting to read, in arrival order, and whether run_waiting is deferred. A thread
+  // posting a receive may add one (start_recv); progress runs them.
+  std::mutex waiting_mutex_;
+  std::deque<RecvOp*> waiting_;
+  bool waiting_scheduled_ = false;
   std::mutex live_mutex_;
   RecvOp* live_head_ = nullptr;  // the unfinished RecvOps (track/untrack)
 };
