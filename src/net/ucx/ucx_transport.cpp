@@ -25,7 +25,8 @@
 //    peer_failed() force-closes its endpoint, so UCX completes everything queued to it with
 //    UCS_ERR_CANCELED, which the core counts as peer-gone. Endpoints use UCX's peer error mode
 //    only to peers on other hosts: in UCX 1.13 that mode leaves out the shared-memory
-//    transports.
+//    transports (and over tcp within a host it made the AMT failure test abort in 2 of 15
+//    runs, in UCX's answer to a dead peer's get request, against 0 of 15 without it).
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -71,12 +72,13 @@ struct Notify {
 };
 
 constexpr std::size_t kInjectSize = 512;    // past UCX's inline path on shared memory (93 B), within tcp's (8 KiB)
-constexpr std::size_t kBounceSlots = 1024;  // bounce buffers for injects that cannot go inline
+constexpr std::size_t kMaxBounceSlots = 1024;  // bounce buffers for injects that cannot go inline
 // A bounce slot: the owning transport (for the send's callback, whose user data is the slot),
 // then the message.
 constexpr std::size_t kBounceHead = 16;
 constexpr std::size_t kBounceSlot = kBounceHead + kInjectSize;
 constexpr std::size_t kEventRing = 8192;
+constexpr std::size_t kMaxPackedRkey = 4096;  // a packed rkey holds a few bytes per memory domain
 constexpr std::size_t kSendQueue = 1024;
 
 // What a post keeps in its OpContext's backend bytes until its event.
@@ -114,14 +116,14 @@ class UcxRegistration final : public Registration {
 class UcxTransport final : public Transport {
  public:
   UcxTransport(Context& context, const TransportParams& p)
-      : context_(context.get()), rank_(p.rank), away_(p.away), events_(kEventRing), free_bounce_(kBounceSlots),
-        bounce_(new unsigned char[kBounceSlots * kBounceSlot]) {
+      : context_(context.get()), rank_(p.rank), away_(p.away), events_(kEventRing), bounce_slots_(std::clamp<std::size_t>(p.bounce_slots, 1, kMaxBounceSlots)),
+        free_bounce_(bounce_slots_), bounce_(new unsigned char[bounce_slots_ * kBounceSlot]) {
     ucp_worker_params_t wp{};
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     wp.thread_mode = p.serialized ? UCS_THREAD_MODE_SERIALIZED : UCS_THREAD_MODE_MULTI;
     const ucs_status_t s = ucp_worker_create(context_, &wp, &worker_);
     if (s != UCS_OK) throw Error("FERRY_TRANSPORT=ucx: " + ucs_error("ucp_worker_create", s));
-    for (std::size_t i = 0; i < kBounceSlots; ++i) {
+    for (std::size_t i = 0; i < bounce_slots_; ++i) {
       unsigned char* slot = bounce_.get() + i * kBounceSlot;
       UcxTransport* self = this;
       std::memcpy(slot, &self, sizeof(self));
@@ -163,7 +165,7 @@ class UcxTransport final : public Transport {
 
   void connect(const std::vector<std::string>& addresses) override {
     const std::vector<bool>& away = away_;
-    eps_.assign(addresses.size(), nullptr);
+    eps_ = std::vector<std::atomic<ucp_ep_h>>(addresses.size());
     for (std::size_t r = 0; r < addresses.size(); ++r) {
       const std::string& text = addresses[r];
       if (text.empty()) continue;
@@ -184,15 +186,17 @@ class UcxTransport final : public Transport {
         ep.err_handler.cb = &UcxTransport::on_ep_error;
         ep.err_handler.arg = this;
       }
-      const ucs_status_t s = ucp_ep_create(worker_, &ep, &eps_[r]);
+      ucp_ep_h handle = nullptr;
+      const ucs_status_t s = ucp_ep_create(worker_, &ep, &handle);
       if (s != UCS_OK) throw Error("ucx: endpoint to rank " + std::to_string(r) + ": " + ucs_error("ucp_ep_create", s));
+      eps_[r].store(handle, std::memory_order_relaxed);  // published to posts by the job's bootstrap fence
     }
   }
 
   // ---- messages ----
 
   int inject(int rank, const void* buf, std::size_t len) override {
-    ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)];
+    ucp_ep_h ep = ep_of(rank);
     if (__builtin_expect(ep == nullptr, 0)) return -EHOSTDOWN;
     ucp_request_param_t p;
     p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
@@ -215,7 +219,7 @@ class UcxTransport final : public Transport {
   }
 
   int send(int rank, const void* buf, std::size_t len, void*, detail::OpContext* ctx) override {
-    ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)];
+    ucp_ep_h ep = ep_of(rank);
     if (__builtin_expect(ep == nullptr, 0)) return -EHOSTDOWN;
     ucp_request_param_t p = tracked(ctx, rank, op_send);
     return posted(ctx, rank, ucp_tag_send_nbx(ep, buf, len, tag_of(rank_), &p));
@@ -256,7 +260,7 @@ class UcxTransport final : public Transport {
     return put_flushed(rank, buf, len, addr, key, ctx, op_put_data, data);
   }
   int inject_put(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key) override {
-    ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)];
+    ucp_ep_h ep = ep_of(rank);
     if (ep == nullptr) return -EHOSTDOWN;
     ucp_rkey_h rkey = nullptr;
     if (const int rc = find_rkey(rank, key, &rkey); rc != 0) return rc;
@@ -276,7 +280,7 @@ class UcxTransport final : public Transport {
   }
   int get(int rank, void* buf, std::size_t len, void*, std::uint64_t addr, std::uint64_t key,
           detail::OpContext* ctx) override {
-    ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)];
+    ucp_ep_h ep = ep_of(rank);
     if (ep == nullptr) return -EHOSTDOWN;
     ucp_rkey_h rkey = nullptr;
     if (const int rc = find_rkey(rank, key, &rkey); rc != 0) return rc;
@@ -301,6 +305,12 @@ class UcxTransport final : public Transport {
     if (s != UCS_OK) {
       ucp_mem_unmap(context_, memh);
       throw Error("ucx: registering " + std::to_string(len) + " bytes: " + ucs_error("ucp_rkey_pack", s));
+    }
+    if (packed_len == 0 || packed_len > kMaxPackedRkey) {
+      ucp_rkey_buffer_release(packed);
+      ucp_mem_unmap(context_, memh);
+      throw Error("ucx: registering " + std::to_string(len) + " bytes: a packed rkey of " + std::to_string(packed_len) +
+                  " bytes (ferry sends at most " + std::to_string(kMaxPackedRkey) + ")");
     }
     const std::uint64_t key = next_key_.fetch_add(1, std::memory_order_relaxed);
     {
@@ -377,14 +387,14 @@ class UcxTransport final : public Transport {
     // Flush-close every endpoint (its queued sends leave), giving up after a deadline on a peer
     // that does not answer; then force-close what is left.
     std::vector<void*> closing;
-    for (ucp_ep_h& ep : eps_) {
+    for (std::atomic<ucp_ep_h>& slot : eps_) {
+      ucp_ep_h ep = slot.exchange(nullptr, std::memory_order_relaxed);
       if (ep == nullptr) continue;
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
       p.flags = 0;
       void* r = ucp_ep_close_nbx(ep, &p);
       if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
-      ep = nullptr;
     }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     for (void* r : closing) {
@@ -408,22 +418,27 @@ class UcxTransport final : public Transport {
   }
 
   std::string describe_peer(int rank) const override {
-    if (rank < 0 || static_cast<std::size_t>(rank) >= eps_.size() || eps_[static_cast<std::size_t>(rank)] == nullptr) {
+    if (rank < 0 || static_cast<std::size_t>(rank) >= eps_.size() || ep_of(rank) == nullptr) {
       return caps_.name;
     }
-    return caps_.name + ": " + lanes_of(eps_[static_cast<std::size_t>(rank)]);
+    return caps_.name + ": " + lanes_of(ep_of(rank));
   }
 
   void peer_failed(int rank) override {
     if (rank < 0 || static_cast<std::size_t>(rank) >= eps_.size()) return;
     rma_.peer_failed(rank);
-    ucp_ep_h& ep = eps_[static_cast<std::size_t>(rank)];
+    ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)].exchange(nullptr, std::memory_order_relaxed);
     if (ep == nullptr) return;
+    // Force-closing makes UCX complete what is queued to the peer now (UCS_ERR_CANCELED) and
+    // drops the endpoint before UCX finds it broken. Known gap: under UCS_THREAD_MODE_MULTI
+    // (the lockless model) a post that loaded the endpoint just before the exchange above may
+    // still call UCX with it after the close. Keeping failed peers' endpoints open until
+    // teardown instead let UCX abort the process ("Endpoint timeout") in the AMT failure test
+    // over tcp.
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_EP_CLOSE_FLAG_FORCE;
     void* r = ucp_ep_close_nbx(ep, &p);
-    ep = nullptr;
     if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
   }
 
@@ -495,6 +510,8 @@ class UcxTransport final : public Transport {
     }
     return 0;
   }
+
+  ucp_ep_h ep_of(int rank) const noexcept { return eps_[static_cast<std::size_t>(rank)].load(std::memory_order_relaxed); }
 
   static int nibble(char c) noexcept {
     if (c >= '0' && c <= '9') return c - '0';
@@ -597,7 +614,7 @@ class UcxTransport final : public Transport {
       ucp_request_free(r);
     };
     p.user_data = req;
-    void* r = ucp_am_send_nbx(eps_[static_cast<std::size_t>(rank)], kAmKeyRequest, req, sizeof(*req), nullptr, 0, &p);
+    void* r = ucp_am_send_nbx(ep_of(rank), kAmKeyRequest, req, sizeof(*req), nullptr, 0, &p);
     if (r == nullptr || UCS_PTR_IS_ERR(r)) {
       delete req;
       if (r != nullptr) {
@@ -624,7 +641,7 @@ class UcxTransport final : public Transport {
     std::vector<Reply> replies;
     replies.swap(replies_);
     for (const Reply& q : replies) {
-      ucp_ep_h ep = eps_[static_cast<std::size_t>(q.to)];
+      ucp_ep_h ep = ep_of(q.to);
       if (ep == nullptr) continue;
       auto* out = new ReplyMessage;
       out->head = KeyReply{rank_, 0, q.key};
@@ -656,9 +673,10 @@ class UcxTransport final : public Transport {
     if (q.from < 0 || static_cast<std::size_t>(q.from) >= t->eps_.size()) return UCS_OK;
     const std::uint64_t k = rkey_index(q.from, q.key);
     ucp_rkey_h rkey = nullptr;
-    ucp_ep_h ep = t->eps_[static_cast<std::size_t>(q.from)];
-    const bool ok = q.found != 0 && ep != nullptr && ucp_ep_rkey_unpack(ep, data, &rkey) == UCS_OK;
-    (void)length;
+    ucp_ep_h ep = t->ep_of(q.from);
+    // The packed rkey is opaque to ferry; its size at least is checked before UCX reads it.
+    const bool ok = q.found != 0 && ep != nullptr && length != 0 && length <= kMaxPackedRkey &&
+                    ucp_ep_rkey_unpack(ep, data, &rkey) == UCS_OK;
     std::lock_guard<detail::SpinLock> g(t->rkey_lock_);
     t->requested_.erase(k);
     if (ok) {
@@ -673,7 +691,7 @@ class UcxTransport final : public Transport {
   // data is then at the target); put_data's flush also sends the notification.
   int put_flushed(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key,
                   detail::OpContext* ctx, OpKindUcx kind, std::uint64_t data) {
-    ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)];
+    ucp_ep_h ep = ep_of(rank);
     if (ep == nullptr) return -EHOSTDOWN;
     ucp_rkey_h rkey = nullptr;
     if (const int rc = find_rkey(rank, key, &rkey); rc != 0) return rc;
@@ -716,7 +734,7 @@ class UcxTransport final : public Transport {
     OpState& st = state(ctx);
     const int rank = st.rank;
     if (status == UCS_OK && st.kind == op_put_data) {
-      ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)];
+      ucp_ep_h ep = ep_of(rank);
       auto* n = new (std::nothrow) Notify{rank_, 0, st.data, st.length};
       if (ep == nullptr || n == nullptr) {
         delete n;
@@ -755,7 +773,7 @@ class UcxTransport final : public Transport {
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
     auto* t = static_cast<UcxTransport*>(arg);
     for (std::size_t r = 0; r < t->eps_.size(); ++r) {
-      if (t->eps_[r] != ep) continue;
+      if (t->ep_of(static_cast<int>(r)) != ep) continue;
       FERRY_LOG(warn, "ucx: the endpoint to rank %zu failed: %s", r, ucs_status_string(status));
     }
   }
@@ -773,13 +791,18 @@ class UcxTransport final : public Transport {
   ucp_worker_h worker_ = nullptr;
   int rank_;
   std::vector<bool> away_;     // by rank: on another host (UCX's peer error mode)
-  std::vector<ucp_ep_h> eps_;  // by rank; written by connect (and peer_failed/close), read by posts
+  // Endpoints by rank. connect writes them before any post (the bootstrap's fence publishes
+  // them); then only peer_failed (to null) and close change them. Relaxed: the value is a
+  // handle, not a guard of other data, and a post that reads a stale one races the close as
+  // peer_failed explains.
+  std::vector<std::atomic<ucp_ep_h>> eps_;
   detail::MpmcRing<Event> events_;
   std::atomic<bool> overflowing_{false};
   detail::SpinLock overflow_lock_;
   std::vector<Event> overflow_;
   // Bounce buffers for injects UCX cannot complete inline; the map names each in-flight one by
   // its request (a send's user data is the transport).
+  std::size_t bounce_slots_;
   detail::MpmcRing<unsigned char*> free_bounce_;
   std::unique_ptr<unsigned char[]> bounce_;
   // Posted receives in posting order (poll lock holder only).
