@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Per-message instruction counts from ferry-am-cost's callgrind files, split by library.
+"""Per-message instruction counts from ferry-am-cost's callgrind files, split by library
+(ferry, libfabric, UCX, libc/libstdc++, other).
 
 usage: callgrind_split.py MESSAGES SENDER.out RECEIVER.out [--json]
 Sums the self cost (Ir) of every function by the object file it belongs to.
@@ -45,6 +46,8 @@ def group(obj):
     o = obj.lower()
     if "libfabric" in o:
         return "libfabric"
+    if re.search(r"libuc[pstm]", o) or "/ucx/libuct" in o:
+        return "ucx"
     if "libferry" in o or "ferry-am-cost" in o:
         return "ferry"
     if "libc.so" in o or "ld-linux" in o or "libstdc++" in o:
