@@ -120,7 +120,8 @@ class Rendezvous {
   // The deferred step for every waiting receive: runs them in arrival order and stops at the
   // first that must wait (all later ones would wait too: the read budget, credits or the
   // transport are exhausted). One step for all, so a progress call with thousands of waiting
-  // receives costs one look at the first, not one call each.
+  // receives costs one look at the first, not one call each. A receive from a failed peer
+  // behind a waiting one completes (with the failure) once the ones before it have gone.
   bool run_waiting();
   bool pushes_into(const Link& l, const void* block) const noexcept;
   void prepare(RecvOp* op);

@@ -800,8 +800,8 @@ class UcxTransport final : public Transport {
   std::atomic<bool> overflowing_{false};
   detail::SpinLock overflow_lock_;
   std::vector<Event> overflow_;
-  // Bounce buffers for injects UCX cannot complete inline; the map names each in-flight one by
-  // its request (a send's user data is the transport).
+  // Bounce buffers for injects UCX cannot complete inline (min(FERRY_PACKETS, 1024) of them);
+  // each slot's head names its transport for the send's callback.
   std::size_t bounce_slots_;
   detail::MpmcRing<unsigned char*> free_bounce_;
   std::unique_ptr<unsigned char[]> bounce_;
