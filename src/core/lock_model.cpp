@@ -104,6 +104,16 @@ void announced_post(DeviceImpl& dev, CsyncNode& n) {
 
 void announced_progress(DeviceImpl& dev, CsyncNode& n) { n.progressed = dev.progress(); }
 
+// csync's form of exclusive(): args points at the call.
+struct ExclusiveCall {
+  bool (*fn)(DeviceImpl&, void*);
+  void* ctx;
+};
+void announced_exclusive(DeviceImpl& dev, CsyncNode& n) {
+  const auto* call = static_cast<const ExclusiveCall*>(n.args);
+  n.progressed = call->fn(dev, call->ctx);
+}
+
 std::atomic<std::uint64_t> next_generation{1};
 
 // Each thread keeps one spare node per LockModelImpl (keyed by generation, never by address,
@@ -214,6 +224,7 @@ bool LockModelImpl::combine() {
       break;
     }
     queued_.fetch_sub(1, std::memory_order_relaxed);
+    performed_.fetch_add(1, std::memory_order_relaxed);  // read only to wait for it (RuntimeImpl::barrier)
     ++batch;
     any = true;
   }
@@ -306,6 +317,37 @@ bool LockModelImpl::progress() {
   __builtin_unreachable();
 }
 
+bool LockModelImpl::exclusive(bool (*fn)(DeviceImpl&, void*), void* ctx) {
+  switch (model_) {
+    case LockModel::trylock:
+    case LockModel::lockq: {
+      while (!try_lock_.try_lock()) std::this_thread::yield();  // the holder may be preempted
+      std::lock_guard<SpinLock> g(try_lock_, std::adopt_lock);
+      return fn(dev_, ctx);
+    }
+    case LockModel::block: {
+      std::lock_guard<std::mutex> g(block_);
+      return fn(dev_, ctx);
+    }
+    case LockModel::csync: {
+      ExclusiveCall call{fn, ctx};
+      return csync(&announced_exclusive, &call).progressed;
+    }
+    case LockModel::offload: {
+      if (!offload_.joinable()) return fn(dev_, ctx);  // stopped: this thread is the only one
+      std::lock_guard<std::mutex> g(requests_);
+      Request r{.fn = fn, .ctx = ctx, .result = false, .error = nullptr};
+      request_.store(&r, std::memory_order_release);
+      while (!r.done.load(std::memory_order_acquire)) std::this_thread::yield();
+      if (r.error) std::rethrow_exception(r.error);
+      return r.result;
+    }
+    case LockModel::lockless:
+      break;  // never wrapped: the constructor refuses it
+  }
+  __builtin_unreachable();
+}
+
 LockModelImpl::Outcome LockModelImpl::csync(void (*call)(DeviceImpl&, CsyncNode&), const void* args) {
   // This thread's spare node for this device.
   CsyncNode* mine = nullptr;
@@ -371,6 +413,16 @@ LockModelImpl::Outcome LockModelImpl::csync(void (*call)(DeviceImpl&, CsyncNode&
 void LockModelImpl::offload_loop() {
   int idle = 0;
   for (;;) {
+    if (Request* r = request_.load(std::memory_order_acquire); r != nullptr) {
+      request_.store(nullptr, std::memory_order_relaxed);  // only requests_' holder stores a new one, after `done`
+      try {
+        r->result = r->fn(dev_, r->ctx);
+      } catch (...) {
+        r->error = std::current_exception();
+      }
+      r->done.store(true, std::memory_order_release);
+      idle = 0;
+    }
     const bool combined = combine();
     const bool progressed = dev_.progress();
     if (combined || progressed) {

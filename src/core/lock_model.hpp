@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -78,6 +79,12 @@ class LockModelImpl {
   template <class A>
   Status post(const A& args);
   bool progress();
+  // Runs `fn(device, ctx)` with the device held as this model holds it for a post: under the
+  // coarse lock (trylock, lockq, block), as an announced call
+  // (csync), or on the communication thread (offload), so a runtime-internal operation (the
+  // barrier's steps) never enters a transport alongside the thread that owns it. Blocks until
+  // done; returns what fn returned. Slow path only: it may spin, yield and take a mutex.
+  bool exclusive(bool (*fn)(DeviceImpl&, void*), void* ctx);
   // Teardown: stops the offload thread after it drained what was queued.
   void stop();
   // Posts deferred and combined, and the largest batch (lockq, csync, offload).
@@ -88,6 +95,11 @@ class LockModelImpl {
   // Descriptors waiting (lockq, offload); exact when quiescent. A stuck descriptor is still counted in queued_ (it is decremented only once a descriptor
   // ran), so any thread may read this without touching stuck_, which the lock holder owns.
   std::size_t queued() const noexcept { return queued_.load(std::memory_order_relaxed); }
+  // Descriptors deferred so far and run so far (lockq, offload). The queue runs in order, so
+  // once performed() reaches a value deferred() had, every descriptor deferred before that
+  // read has run; unlike waiting for queued() == 0, this ends while other threads keep posting.
+  std::uint64_t deferred() const noexcept { return deferred_.load(std::memory_order_relaxed); }
+  std::uint64_t performed() const noexcept { return performed_.load(std::memory_order_relaxed); }
 
  private:
   // What a csync node's call did.
@@ -111,6 +123,7 @@ class LockModelImpl {
   std::atomic<std::size_t> queued_{0};
   // Statistics: relaxed, they order nothing.
   std::atomic<std::uint64_t> deferred_{0}, combined_{0}, max_batch_{0};
+  std::atomic<std::uint64_t> performed_{0};
   void note_batch(std::uint64_t n) noexcept;
 
   // csync: the announce list.
@@ -119,6 +132,18 @@ class LockModelImpl {
 
   std::thread offload_;
   std::atomic<bool> stop_{false};
+  // offload: one exclusive() call handed to the communication thread at a time (requests_
+  // serialises the callers). The caller publishes the request (release) and waits for `done`
+  // (acquire); the thread reads the slot once per loop (acquire) and clears it after.
+  struct Request {
+    bool (*fn)(DeviceImpl&, void*);
+    void* ctx;
+    bool result = false;
+    std::exception_ptr error;
+    std::atomic<bool> done{false};
+  };
+  std::mutex requests_;
+  std::atomic<Request*> request_{nullptr};
 };
 
 }  // namespace ferry::detail

@@ -273,24 +273,24 @@ void RuntimeImpl::barrier() {
   // model (lockq, offload) may still hold some in its queue.
   for (auto& t : lock_models_) {
     if (t != nullptr) {
-      while (t->queued() != 0) t->progress();
+      const std::uint64_t before = t->deferred();
+      while (t->performed() < before) t->progress();
     }
   }
   const std::uint32_t parity = barrier_epoch_++ & 1;
-  DeviceImpl& dev = *devices_[0];
   int round = 0;
   for (int dist = 1; dist < size_; dist *= 2, ++round) {
     const int to = (rank_ + dist) % size_;
     const std::uint32_t step = (parity << 8) | static_cast<std::uint32_t>(round);
-    while (!dev.post_barrier_step(to, step)) {
-      for (auto& d : devices_) d->progress();
+    while (!post_barrier_step(to, step)) {
+      progress_devices();
       throw_if_failed("barrier");
     }
     std::atomic<int>& arrived = barrier_steps_[parity][round];
     // A failed peer ends the wait only while the step is missing: its sender, or a rank the
     // sender waits for, may be the failed one, and nothing else would end it.
     while (arrived.load(std::memory_order_relaxed) == 0) {
-      for (auto& d : devices_) d->progress();
+      progress_devices();
       if (arrived.load(std::memory_order_relaxed) == 0) throw_if_failed("barrier");
     }
     arrived.fetch_sub(1, std::memory_order_relaxed);
@@ -352,13 +352,12 @@ void RuntimeImpl::peer_failed(int rank, const std::string& how) noexcept {
 // that time) reports this rank failed, which is what it would see anyway.
 void RuntimeImpl::depart() noexcept {
   if (devices_.empty() || size_ == 1) return;
-  DeviceImpl& dev = *devices_[0];
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   try {
     for (int r = 0; r < size_; ++r) {
       if (r == rank_ || failed(r)) continue;
-      while (!dev.post_barrier_step(r, kDepartStep) && std::chrono::steady_clock::now() < deadline) {
-        for (auto& d : devices_) d->progress();
+      while (!post_barrier_step(r, kDepartStep) && std::chrono::steady_clock::now() < deadline) {
+        progress_devices();
       }
     }
   } catch (const std::exception& e) {
@@ -498,6 +497,29 @@ void RuntimeImpl::check_peers() noexcept {
     suspects_ = std::move(dead);
   } catch (...) {
     return;  // out of memory: try again at the next check
+  }
+}
+
+bool RuntimeImpl::post_barrier_step(int to, std::uint32_t step) {
+  struct Step {
+    int to;
+    std::uint32_t step;
+  } args{to, step};
+  auto post = [](DeviceImpl& dev, void* p) {
+    const auto* a = static_cast<const Step*>(p);
+    return dev.post_barrier_step(a->to, a->step);
+  };
+  if (LockModelImpl* lm = lock_models_[0].get()) return lm->exclusive(post, &args);
+  return post(*devices_[0], &args);
+}
+
+void RuntimeImpl::progress_devices() {
+  for (std::size_t d = 0; d < devices_.size(); ++d) {
+    if (LockModelImpl* lm = lock_models_[d].get()) {
+      (void)lm->progress();
+    } else {
+      (void)devices_[d]->progress();
+    }
   }
 }
 

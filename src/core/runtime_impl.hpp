@@ -100,6 +100,11 @@ class RuntimeImpl {
   // Teardown: progresses `device` (through its lock model) until its own operations are
   // complete or `seconds` pass. Returns the number still in flight.
   std::size_t drain(DeviceImpl& device, double seconds);
+  // The barrier's own traffic on device 0, and progress on every device, entering each device
+  // as its lock model lets a post in (never beside the thread that owns it: a UCX worker in
+  // serialised mode, an offload thread).
+  bool post_barrier_step(int to, std::uint32_t step);
+  void progress_devices();
 
   Resolved<RuntimeSettings> options_;
   const Config& config_ = options_.settings;  // the typed values of options_

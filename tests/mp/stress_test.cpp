@@ -351,3 +351,44 @@ TEST(Stress, EachThreadsMessagesArriveInOrderUnderContention) {
   }
   rt().barrier();
 }
+
+// The runtime's barrier sends its own messages. Under every lock model it must enter the
+// device as that model lets a post in (on the offload thread, under the coarse lock, as an
+// announced call) while other threads keep posting and progressing; a barrier that went
+// straight to the transport would run beside the thread that owns it, which a transport
+// relying on the lock model's serialisation (UCX in serialised mode) does not survive.
+TEST(Stress, BarriersRunWhileOtherThreadsPostAndProgress) {
+  const int threads = 2;
+  const int barriers = 20000;
+  ferry::Device& dev = rt().device();
+  std::atomic<long> got{0}, sent{0};
+  ferry::Handler h([&](ferry::Completion&&) { got.fetch_add(1); });
+  ferry::Exposure ex = rt().expose(h, 23);
+  rt().barrier();
+  // The threads post and progress for as long as the barriers run.
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      std::uint64_t v = 7;
+      for (long i = 0; !stop.load(); ++i) {
+        // At most a few hundred messages ahead of what arrived here: on a ring every rank sends
+        // what it receives, so the links never fill and a barrier step never waits behind a
+        // flood (the sum of sent - got over the ranks is what is in flight: someone may post).
+        if (sent.load() - got.load() < 256) {
+          (void)post_retry(dev, [&] { return dev.post_am({.rank = right(), .buffer = &v, .size = 8, .target = {23}}); });
+          sent.fetch_add(1);
+        }
+        if ((i & 3) == 0) (void)dev.progress();
+        std::this_thread::yield();  // cores are few: the barrier's thread must get its turns
+      }
+    });
+  }
+  while (sent.load() < threads * 64L) std::this_thread::yield();  // every thread is posting
+  for (int b = 0; b < barriers; ++b) rt().barrier();
+  stop.store(true);
+  for (auto& th : pool) th.join();
+  const long expected = allgather<long>("mp.barrier_storm", sent.load())[static_cast<std::size_t>(left())];
+  EXPECT_TRUE(wait_until(dev, [&] { return got.load() == expected; })) << "received " << got.load() << " of " << expected;
+  rt().barrier();
+}
