@@ -8,6 +8,7 @@
 
 #include "common/log.hpp"
 #include "common/queue_support.hpp"
+#include "core/fatal_signals.hpp"
 #include "core/recv_blocks.hpp"
 #include "core/runtime_impl.hpp"
 #include "ferry/error.hpp"
@@ -154,6 +155,7 @@ net::ShmCopy shm_copy(ShmCopyMode m) {
 
 RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_options(options)) {
   set_log_level(config_.log);
+  restore_fatal_signals();  // a crashed or stopped rank must end, not run our destructors
   if (config_.peer_timeout_ms != 0 && config_.peer_timeout_ms < 4 * config_.peer_check_ms) {
     throw Error("FERRY_PEER_TIMEOUT_MS=" + std::to_string(config_.peer_timeout_ms) + " is below 4 x FERRY_PEER_CHECK_MS=" +
                 std::to_string(config_.peer_check_ms) + ": a peer would be failed before enough checks saw its "
