@@ -367,7 +367,18 @@ TEST(Stress, BarriersRunWhileOtherThreadsPostAndProgress) {
   rt().barrier();
   // The threads post and progress for as long as the barriers run.
   std::atomic<bool> stop{false};
+  std::atomic<int> quit{0};
   std::vector<std::thread> pool;
+  // A barrier that throws (a peer failed) still stops and joins the threads.
+  struct Joiner {
+    std::atomic<bool>& stop;
+    std::vector<std::thread>& pool;
+    ~Joiner() {
+      stop.store(true);
+      for (auto& th : pool)
+        if (th.joinable()) th.join();
+    }
+  } joiner{stop, pool};
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&] {
       std::uint64_t v = 7;
@@ -376,7 +387,12 @@ TEST(Stress, BarriersRunWhileOtherThreadsPostAndProgress) {
         // what it receives, so the links never fill and a barrier step never waits behind a
         // flood (the sum of sent - got over the ranks is what is in flight: someone may post).
         if (sent.load() - got.load() < 256) {
-          (void)post_retry(dev, [&] { return dev.post_am({.rank = right(), .buffer = &v, .size = 8, .target = {23}}); });
+          const ferry::Status s =
+              post_retry(dev, [&] { return dev.post_am({.rank = right(), .buffer = &v, .size = 8, .target = {23}}); });
+          if (s.is_failed()) {  // the peer is gone: the barrier reports it
+            quit.fetch_add(1);
+            return;
+          }
           sent.fetch_add(1);
         }
         if ((i & 3) == 0) (void)dev.progress();
@@ -384,10 +400,11 @@ TEST(Stress, BarriersRunWhileOtherThreadsPostAndProgress) {
       }
     });
   }
-  while (sent.load() < threads * 64L) std::this_thread::yield();  // every thread is posting
+  while (sent.load() < threads * 64L && quit.load() == 0) std::this_thread::yield();  // every thread is posting
   for (int b = 0; b < barriers; ++b) rt().barrier();
   stop.store(true);
   for (auto& th : pool) th.join();
+  pool.clear();
   const long expected = allgather<long>("mp.barrier_storm", sent.load())[static_cast<std::size_t>(left())];
   EXPECT_TRUE(wait_until(dev, [&] { return got.load() == expected; })) << "received " << got.load() << " of " << expected;
   rt().barrier();
