@@ -22,8 +22,9 @@
 //  - Thread mode: UCS_THREAD_MODE_SERIALIZED when the lock model serialises every call,
 //    UCS_THREAD_MODE_MULTI otherwise (UCX then guards the worker itself).
 //  - Failure: ferry's liveness decides that a peer failed (heartbeats, the launcher);
-//    peer_failed() force-closes its endpoint, so UCX completes everything queued to it with
-//    UCS_ERR_CANCELED, which the core counts as peer-gone. Endpoints use UCX's peer error mode
+//    peer_failed() force-closes its endpoint once no post holds it (EpHold), so UCX
+//    completes everything queued to it with UCS_ERR_CANCELED, which the core counts as
+//    peer-gone. Endpoints use UCX's peer error mode
 //    only to peers on other hosts: in UCX 1.13 that mode leaves out the shared-memory
 //    transports (and over tcp within a host it made the AMT failure test abort in 2 of 15
 //    runs, in UCX's answer to a dead peer's get request, against 0 of 15 without it).
@@ -34,6 +35,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -43,6 +45,7 @@
 #include "common/spinlock.hpp"
 #include "ferry/error.hpp"
 #include "net/abandon.hpp"
+#include "net/hazard.hpp"
 #include "net/ucx/ucp.hpp"
 
 namespace ferry::net::ucx {
@@ -116,7 +119,7 @@ class UcxRegistration final : public Registration {
 class UcxTransport final : public Transport {
  public:
   UcxTransport(Context& context, const TransportParams& p)
-      : context_(context.get()), rank_(p.rank), away_(p.away), events_(kEventRing), bounce_slots_(std::clamp<std::size_t>(p.bounce_slots, 1, kMaxBounceSlots)),
+      : context_(context.get()), rank_(p.rank), multi_(!p.serialized), away_(p.away), events_(kEventRing), bounce_slots_(std::clamp<std::size_t>(p.bounce_slots, 1, kMaxBounceSlots)),
         free_bounce_(bounce_slots_), bounce_(new unsigned char[bounce_slots_ * kBounceSlot]) {
     ucp_worker_params_t wp{};
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -196,8 +199,9 @@ class UcxTransport final : public Transport {
   // ---- messages ----
 
   int inject(int rank, const void* buf, std::size_t len) override {
-    ucp_ep_h ep = ep_of(rank);
-    if (__builtin_expect(ep == nullptr, 0)) return -EHOSTDOWN;
+    const EpHold hold(*this, rank);
+    ucp_ep_h ep = hold.get();
+    if (__builtin_expect(ep == nullptr, 0)) return hold.refused();
     ucp_request_param_t p;
     p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
     void* r = ucp_tag_send_nbx(ep, buf, len, tag_of(rank_), &p);
@@ -219,8 +223,9 @@ class UcxTransport final : public Transport {
   }
 
   int send(int rank, const void* buf, std::size_t len, void*, detail::OpContext* ctx) override {
-    ucp_ep_h ep = ep_of(rank);
-    if (__builtin_expect(ep == nullptr, 0)) return -EHOSTDOWN;
+    const EpHold hold(*this, rank);
+    ucp_ep_h ep = hold.get();
+    if (__builtin_expect(ep == nullptr, 0)) return hold.refused();
     ucp_request_param_t p = tracked(ctx, rank, op_send);
     return posted(ctx, rank, ucp_tag_send_nbx(ep, buf, len, tag_of(rank_), &p));
   }
@@ -260,10 +265,11 @@ class UcxTransport final : public Transport {
     return put_flushed(rank, buf, len, addr, key, ctx, op_put_data, data);
   }
   int inject_put(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key) override {
-    ucp_ep_h ep = ep_of(rank);
-    if (ep == nullptr) return -EHOSTDOWN;
+    const EpHold hold(*this, rank);
+    ucp_ep_h ep = hold.get();
+    if (ep == nullptr) return hold.refused();
     ucp_rkey_h rkey = nullptr;
-    if (const int rc = find_rkey(rank, key, &rkey); rc != 0) return rc;
+    if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;
     unsigned char* slot = nullptr;
     if (len > kInjectSize || !free_bounce_.try_pop(slot)) return -EAGAIN;
     if (len != 0) std::memcpy(slot + kBounceHead, buf, len);  // buf may be null when len is 0
@@ -280,10 +286,11 @@ class UcxTransport final : public Transport {
   }
   int get(int rank, void* buf, std::size_t len, void*, std::uint64_t addr, std::uint64_t key,
           detail::OpContext* ctx) override {
-    ucp_ep_h ep = ep_of(rank);
-    if (ep == nullptr) return -EHOSTDOWN;
+    const EpHold hold(*this, rank);
+    ucp_ep_h ep = hold.get();
+    if (ep == nullptr) return hold.refused();
     ucp_rkey_h rkey = nullptr;
-    if (const int rc = find_rkey(rank, key, &rkey); rc != 0) return rc;
+    if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;
     ucp_request_param_t p = tracked(ctx, rank, op_get);
     return posted(ctx, rank, ucp_get_nbx(ep, buf, len, addr, rkey, &p));
   }
@@ -418,23 +425,24 @@ class UcxTransport final : public Transport {
   }
 
   std::string describe_peer(int rank) const override {
-    if (rank < 0 || static_cast<std::size_t>(rank) >= eps_.size() || ep_of(rank) == nullptr) {
-      return caps_.name;
-    }
-    return caps_.name + ": " + lanes_of(ep_of(rank));
+    if (rank < 0 || static_cast<std::size_t>(rank) >= eps_.size()) return caps_.name;
+    const EpHold hold(*this, rank);
+    if (hold.get() == nullptr) return caps_.name;
+    return caps_.name + ": " + lanes_of(hold.get());
   }
 
   void peer_failed(int rank) override {
     if (rank < 0 || static_cast<std::size_t>(rank) >= eps_.size()) return;
     rma_.peer_failed(rank);
+    // Posts that took a hold on the endpoint before the exchange finish their UCX calls
+    // first; later ones see no endpoint (EpHold). A hold lasts one non-blocking post.
     ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)].exchange(nullptr, std::memory_order_relaxed);
     if (ep == nullptr) return;
+    if (multi_) retire_wait(ep);
     // Force-closing makes UCX complete what is queued to the peer now (UCS_ERR_CANCELED) and
-    // drops the endpoint before UCX finds it broken. Known gap: under UCS_THREAD_MODE_MULTI
-    // (the lockless model) a post that loaded the endpoint just before the exchange above may
-    // still call UCX with it after the close. Keeping failed peers' endpoints open until
-    // teardown instead let UCX abort the process ("Endpoint timeout") in the AMT failure test
-    // over tcp.
+    // drops the endpoint before UCX finds it broken. (Keeping failed peers' endpoints open until
+    // teardown instead let UCX abort the process, "Endpoint timeout", in the AMT failure test
+    // over tcp.)
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_EP_CLOSE_FLAG_FORCE;
@@ -512,6 +520,24 @@ class UcxTransport final : public Transport {
   }
 
   ucp_ep_h ep_of(int rank) const noexcept { return eps_[static_cast<std::size_t>(rank)].load(std::memory_order_relaxed); }
+
+  // A post's hold on a peer's endpoint, for the length of the post. Under the lockless model
+  // (UCS_THREAD_MODE_MULTI) posts run beside the poll lock holder, whose peer_failed
+  // force-closes the endpoint: a post takes a hazard hold on it (net/hazard.hpp: a store to
+  // its thread's slot, a compiler fence, a reload), and peer_failed, having nulled the slot,
+  // waits in retire_wait until no hold has it before it closes. Under the other models posts
+  // and peer_failed never overlap (the lock model lets one thread in): one relaxed load.
+  class EpHold {
+   public:
+    EpHold(const UcxTransport& t, int rank) noexcept : hold_(t.eps_[static_cast<std::size_t>(rank)], t.multi_) {}
+    ucp_ep_h get() const noexcept { return hold_.get(); }
+    // Why get() is null: the peer's endpoint is closed, or (out of memory for this thread's
+    // hazard slot) the post should be retried.
+    int refused() const noexcept { return hold_.starved() ? -EAGAIN : -EHOSTDOWN; }
+
+   private:
+    HazardHold<std::remove_pointer_t<ucp_ep_h>> hold_;
+  };
 
   static int nibble(char c) noexcept {
     if (c >= '0' && c <= '9') return c - '0';
@@ -594,7 +620,8 @@ class UcxTransport final : public Transport {
     return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(rank)) << 40) ^ key;
   }
   // 0 with the rkey, -EAGAIN while it is being fetched, -EINVAL when the owner has none.
-  int find_rkey(int rank, std::uint64_t key, ucp_rkey_h* out) {
+  // ep: the caller's hold on rank's endpoint.
+  int find_rkey(int rank, ucp_ep_h ep, std::uint64_t key, ucp_rkey_h* out) {
     const std::uint64_t k = rkey_index(rank, key);
     {
       std::lock_guard<detail::SpinLock> g(rkey_lock_);
@@ -614,7 +641,7 @@ class UcxTransport final : public Transport {
       ucp_request_free(r);
     };
     p.user_data = req;
-    void* r = ucp_am_send_nbx(ep_of(rank), kAmKeyRequest, req, sizeof(*req), nullptr, 0, &p);
+    void* r = ucp_am_send_nbx(ep, kAmKeyRequest, req, sizeof(*req), nullptr, 0, &p);
     if (r == nullptr || UCS_PTR_IS_ERR(r)) {
       delete req;
       if (r != nullptr) {
@@ -691,10 +718,11 @@ class UcxTransport final : public Transport {
   // data is then at the target); put_data's flush also sends the notification.
   int put_flushed(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key,
                   detail::OpContext* ctx, OpKindUcx kind, std::uint64_t data) {
-    ucp_ep_h ep = ep_of(rank);
-    if (ep == nullptr) return -EHOSTDOWN;
+    const EpHold hold(*this, rank);
+    ucp_ep_h ep = hold.get();
+    if (ep == nullptr) return hold.refused();
     ucp_rkey_h rkey = nullptr;
-    if (const int rc = find_rkey(rank, key, &rkey); rc != 0) return rc;
+    if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;
     OpState& st = state(ctx);
     st.transport = this;
     st.rank = rank;
@@ -790,11 +818,11 @@ class UcxTransport final : public Transport {
   ucp_context_h context_;
   ucp_worker_h worker_ = nullptr;
   int rank_;
+  bool multi_;  // UCS_THREAD_MODE_MULTI: posts run beside the poller (the lockless model)
   std::vector<bool> away_;     // by rank: on another host (UCX's peer error mode)
   // Endpoints by rank. connect writes them before any post (the bootstrap's fence publishes
-  // them); then only peer_failed (to null) and close change them. Relaxed: the value is a
-  // handle, not a guard of other data, and a post that reads a stale one races the close as
-  // peer_failed explains.
+  // them); then only peer_failed (to null) and close change them. Posts read them through
+  // EpHold (a hazard hold under lockless). Relaxed: the hold's fences order what matters.
   std::vector<std::atomic<ucp_ep_h>> eps_;
   detail::MpmcRing<Event> events_;
   std::atomic<bool> overflowing_{false};
@@ -821,11 +849,14 @@ class UcxTransport final : public Transport {
   AbandonTracker rma_;          // queued sends and RMA operations in flight, and a failed peer's given up
   bool closed_ = false;
   // The transport whose worker is being destroyed on this thread (callbacks then only free
-  // their requests).
-  static thread_local UcxTransport* tearing_down_;
+  // their requests). Initial-exec: every receive and send callback reads it, and the default
+  // model for a shared library calls __tls_get_addr each time (about 11 instructions per
+  // message, callgrind). One pointer: linked with a program it is in static TLS, and dlopened
+  // it fits in the spare static TLS glibc keeps for such libraries.
+  static thread_local UcxTransport* tearing_down_ __attribute__((tls_model("initial-exec")));
 };
 
-thread_local UcxTransport* UcxTransport::tearing_down_ = nullptr;
+thread_local UcxTransport* UcxTransport::tearing_down_ __attribute__((tls_model("initial-exec"))) = nullptr;
 
 }  // namespace
 
