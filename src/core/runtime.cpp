@@ -266,7 +266,10 @@ void RuntimeImpl::barrier_arrived(int src, std::uint32_t step) noexcept {
     departed_[static_cast<std::size_t>(src)].store(1, std::memory_order_relaxed);
     return;
   }
-  barrier_steps_[(step >> 8) & 1][step & 31].fetch_add(1, std::memory_order_relaxed);
+  // Release, paired with the barrier's acquire: what the thread that took this arrival in did
+  // before (a peer's put it applied, say, under the offload model) happens before what the
+  // barrier's caller does after it.
+  barrier_steps_[(step >> 8) & 1][step & 31].fetch_add(1, std::memory_order_release);
 }
 
 void RuntimeImpl::barrier() {
@@ -291,10 +294,11 @@ void RuntimeImpl::barrier() {
     std::atomic<int>& arrived = barrier_steps_[parity][round];
     // A failed peer ends the wait only while the step is missing: its sender, or a rank the
     // sender waits for, may be the failed one, and nothing else would end it.
-    while (arrived.load(std::memory_order_relaxed) == 0) {
+    while (arrived.load(std::memory_order_acquire) == 0) {
       progress_devices();
-      if (arrived.load(std::memory_order_relaxed) == 0) throw_if_failed("barrier");
+      if (arrived.load(std::memory_order_acquire) == 0) throw_if_failed("barrier");
     }
+    // Relaxed: only the count matters here; the acquire above ordered the data.
     arrived.fetch_sub(1, std::memory_order_relaxed);
   }
 }

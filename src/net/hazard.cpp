@@ -87,15 +87,13 @@ bool expedited() noexcept {
 
 void retire_wait(const void* p) noexcept {
   if (p == nullptr) return;
-  if (hazard_detail::expedited()) {
-    // Cannot fail once registered (EINVAL/EPERM only for unregistered or unknown commands);
-    // were it to, the fence below still orders this side.
-    syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0);
-  }
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // After the caller's seq_cst replacement of p. The membarrier (registered, it cannot fail:
+  // its errors are for unregistered or unknown commands) is a full barrier here and in every
+  // running thread of the process, the light holds' missing half.
+  if (hazard_detail::expedited()) syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0);
   for (HazardSlot* c = hazard_detail::g_slots.load(std::memory_order_acquire); c != nullptr; c = c->next) {
     // A hold lasts one post: a short wait, yielding to a preempted holder.
-    while (c->held.load(std::memory_order_acquire) == p) std::this_thread::yield();
+    while (c->held.load(std::memory_order_seq_cst) == p) std::this_thread::yield();
   }
 }
 

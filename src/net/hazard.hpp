@@ -7,22 +7,25 @@
 //    plain load, for a caller that knows no retire overlaps it. One hold per thread at a
 //    time (one slot per thread): a hold taken inside another is a programming error.
 //  - retire_wait(p) (any thread, rare) is called after p was replaced (by null, say) in every
-//    atomic it can be loaded from; it returns once no hold that got p is still alive, so p can
-//    then be destroyed. A hold taken after the replacement never gets p.
+//    atomic it can be loaded from, each by a seq_cst store or read-modify-write; it returns
+//    once no hold that got p is still alive, so p can then be destroyed. A hold taken after
+//    the replacement never gets p.
 //  - Slots belong to threads: a thread's first hold takes one (reusing one a finished thread
 //    gave back, else allocating one that lives to the end of the process) and its exit gives
 //    it back. Only that first hold allocates (and, out of memory, gets nothing: starved());
 //    later holds touch no shared line but their own.
 //
-// Memory orders. A hold stores p into its thread's slot, then reloads src; retire_wait
-// replaced p first, then reads every slot. Of those two store-then-load sequences one must
-// see the other's store (store buffering), which needs a full barrier on both sides. Where
-// the kernel offers expedited membarrier(2) the hold's barrier is a compiler fence and
+// Memory orders. A hold stores p into its thread's slot, then reloads src; the retiring
+// thread replaced p first, then reads every slot. Of those two store-then-load sequences one
+// must see the other's store (store buffering), which needs a full barrier on both sides.
+// Where the kernel offers expedited membarrier(2) the hold's barrier is a compiler fence and
 // retire_wait's membarrier call makes every running thread of the process execute a full
-// barrier (an asymmetric fence: the cost moves to the rare side); otherwise both sides use a
-// seq_cst fence. The slot's release store at the end of a hold, read by retire_wait with
-// acquire, makes what the holder did with p happen before what follows retire_wait (the
-// destruction). Under TSan, which does not model membarrier, the fences are seq_cst.
+// barrier (an asymmetric fence: the cost moves to the rare side). Otherwise the hold's store
+// and reload are seq_cst, as are the replacement and retire_wait's reads of the slots, so
+// all four sit in one total order and the argument holds. The slot's release store at the
+// end of a hold, read by retire_wait (seq_cst, so acquire), makes what the holder did with p
+// happen before what follows retire_wait (the destruction). Under TSan, which models neither
+// membarrier nor fences, the seq_cst path is used.
 #pragma once
 
 #include <atomic>
@@ -71,17 +74,20 @@ class HazardHold {
     }
     const bool light = slot_->light;
     for (;;) {
-      // The fence below orders this store before the reload. Release (free on x86-64): a
-      // retire_wait that reads this value rather than the null that ended this thread's previous
-      // hold still synchronises with everything before it (a plain store after a release one
-      // does not extend its release sequence).
-      slot_->held.store(p, std::memory_order_release);
+      T* q;
       if (light) {
+        // Release (free on x86-64): a retire_wait that reads this value rather than the null
+        // that ended this thread's previous hold still synchronises with everything before it
+        // (a plain store after a release one does not extend its release sequence). The
+        // compiler fence keeps the store before the reload; retire_wait's membarrier does
+        // the rest.
+        slot_->held.store(p, std::memory_order_release);
         std::atomic_signal_fence(std::memory_order_seq_cst);
+        q = src.load(std::memory_order_acquire);
       } else {
-        std::atomic_thread_fence(std::memory_order_seq_cst);
+        slot_->held.store(p, std::memory_order_seq_cst);
+        q = src.load(std::memory_order_seq_cst);
       }
-      T* q = src.load(std::memory_order_acquire);
       if (q == p) break;
       p = q;  // replaced meanwhile: protect the new value (or none)
       if (p == nullptr) {

@@ -47,11 +47,12 @@ TEST(Hazard, ARetiredObjectIsNeverHeld) {
   }
   gate.open();
   // At least `rounds` replacements, and on until the readers (which on two cores may start
-  // late) have held objects a few thousand times, or 20 s have passed.
+  // late) have held objects `want` times, or 20 s have passed.
   const std::size_t rounds = ferry::test::scaled(20000, 500);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  for (std::size_t i = 0; i < rounds || (holds.load(std::memory_order_relaxed) < 4096 && std::chrono::steady_clock::now() < deadline); ++i) {
-    Object* old = shared.exchange((i & 1) != 0 ? nullptr : new Object);
+  const std::uint64_t want = ferry::test::scaled(4096, 256);
+  for (std::size_t i = 0; i < rounds || (holds.load(std::memory_order_relaxed) < want && std::chrono::steady_clock::now() < deadline); ++i) {
+    Object* old = shared.exchange((i & 1) != 0 ? nullptr : new Object, std::memory_order_seq_cst);
     if (old == nullptr) continue;
     retire_wait(old);
     old->state.store(kDead, std::memory_order_relaxed);

@@ -92,15 +92,21 @@ struct OpState {
   std::int32_t kind;  // OpKindUcx
   std::uint64_t data;    // put_data: the notification's data
   std::uint64_t length;  // put_data: bytes written
-  void* request;         // a receive's UCX request until it completes (for cancel_all)
+  void* request;         // a receive's UCX request, meaningful while not done (poll lock holder only)
   detail::OpContext* next;  // posted receives, in posting order (poll lock holder only)
   std::int32_t error;       // a receive's outcome, once done
+  // A receive's completion flag, through done_flag(). Its callback may run on any thread that
+  // enters UCX: under the lockless model a send to this rank over UCX's self transport
+  // completes the receive inside the sender's call, beside the poll lock holder reading it.
+  // The callback writes rank, length and error, then done with release; the poll reads done
+  // with acquire before them.
   std::int32_t done;
 };
 static_assert(sizeof(OpState) <= detail::OpContext::kBackendBytes);
 enum OpKindUcx : std::int32_t { op_send = 0, op_recv = 1, op_put = 2, op_put_data = 3, op_get = 4 };
 
 inline OpState& state(detail::OpContext* c) noexcept { return *reinterpret_cast<OpState*>(c->backend); }
+inline std::atomic_ref<std::int32_t> done_flag(OpState& st) noexcept { return std::atomic_ref<std::int32_t>(st.done); }
 
 class UcxRegistration final : public Registration {
  public:
@@ -236,7 +242,7 @@ class UcxTransport final : public Transport {
     st.rank = -1;
     st.kind = op_recv;
     st.next = nullptr;
-    st.done = 0;
+    done_flag(st).store(0, std::memory_order_relaxed);  // published to the callback by the post below
     st.error = 0;
     st.request = nullptr;
     ucp_request_param_t p;
@@ -248,7 +254,7 @@ class UcxTransport final : public Transport {
     p.user_data = ctx;
     void* r = ucp_tag_recv_nbx(worker_, buf, len, 0, 0, &p);
     if (UCS_PTR_IS_ERR(r)) return to_errno(UCS_PTR_STATUS(r));
-    if (st.done == 0) st.request = r;
+    st.request = r;  // read only while the receive is not done (its callback frees it)
     if (recv_tail_ != nullptr) state(recv_tail_).next = ctx; else recv_head_ = ctx;
     recv_tail_ = ctx;
     return 0;
@@ -348,7 +354,7 @@ class UcxTransport final : public Transport {
     // Receives in posting order: UCP matches each message to the oldest posted receive, but a
     // message of several fragments completes after a later one-fragment message; reporting
     // in posting order keeps each sender's messages in the order sent.
-    while (n < max && recv_head_ != nullptr && state(recv_head_).done != 0) {
+    while (n < max && recv_head_ != nullptr && done_flag(state(recv_head_)).load(std::memory_order_acquire) != 0) {
       detail::OpContext* c = recv_head_;
       const OpState& st = state(c);
       recv_head_ = st.next;
@@ -375,13 +381,13 @@ class UcxTransport final : public Transport {
 
   void cancel_all() noexcept override {
     for (detail::OpContext* c = recv_head_; c != nullptr; c = state(c).next) {
-      if (state(c).request != nullptr) ucp_request_cancel(worker_, state(c).request);
+      if (done_flag(state(c)).load(std::memory_order_acquire) == 0) ucp_request_cancel(worker_, state(c).request);
     }
     // The cancelled receives' callbacks run in progress; their events are not delivered.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     auto pending = [&] {
       for (detail::OpContext* c = recv_head_; c != nullptr; c = state(c).next)
-        if (state(c).request != nullptr) return true;
+        if (done_flag(state(c)).load(std::memory_order_acquire) == 0) return true;
       return false;
     };
     while (pending() && std::chrono::steady_clock::now() < deadline) ucp_worker_progress(worker_);
@@ -436,7 +442,8 @@ class UcxTransport final : public Transport {
     rma_.peer_failed(rank);
     // Posts that took a hold on the endpoint before the exchange finish their UCX calls
     // first; later ones see no endpoint (EpHold). A hold lasts one non-blocking post.
-    ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)].exchange(nullptr, std::memory_order_relaxed);
+    // Seq_cst, as retire_wait requires (peer_failed is rare).
+    ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)].exchange(nullptr, std::memory_order_seq_cst);
     if (ep == nullptr) return;
     if (multi_) retire_wait(ep);
     // Force-closing makes UCX complete what is queued to the peer now (UCS_ERR_CANCELED) and
@@ -603,8 +610,7 @@ class UcxTransport final : public Transport {
     st.rank = static_cast<std::int32_t>(info->sender_tag & 0xFFFFFFFFu);
     st.length = info->length;
     st.error = to_errno(status);
-    st.request = nullptr;
-    st.done = 1;
+    done_flag(st).store(1, std::memory_order_release);
     ucp_request_free(request);
   }
   static void on_bounce_sent(void* request, ucs_status_t, void* user) {
@@ -822,7 +828,7 @@ class UcxTransport final : public Transport {
   std::vector<bool> away_;     // by rank: on another host (UCX's peer error mode)
   // Endpoints by rank. connect writes them before any post (the bootstrap's fence publishes
   // them); then only peer_failed (to null) and close change them. Posts read them through
-  // EpHold (a hazard hold under lockless). Relaxed: the hold's fences order what matters.
+  // EpHold (a hazard hold under lockless, against which peer_failed replaces them seq_cst).
   std::vector<std::atomic<ucp_ep_h>> eps_;
   detail::MpmcRing<Event> events_;
   std::atomic<bool> overflowing_{false};
