@@ -20,8 +20,16 @@ export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0"
 export TSAN_OPTIONS="suppressions=$PWD/scripts/tsan.supp:halt_on_error=1:second_deadlock_stack=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 args=(--test-dir "$dir" --output-on-failure --timeout 600)
+# Each job in two passes: the unit tests (single processes, one per gtest case) side by side on
+# every core, then the rest one at a time (multi-process tests already fill the cores, and
+# two of them at once would only oversubscribe them).
+run() {  # run LABEL-EXCLUDE-REGEX [ctest args...]: the unit pass, then the rest
+  local exclude=$1; shift
+  ctest "${args[@]}" -j"$(nproc)" -L '^unit$' ${exclude:+-LE "$exclude"} "$@"
+  ctest "${args[@]}" -LE "^unit\$${exclude:+|$exclude}" "$@"
+}
 case "$sanitize" in
-  "") ctest "${args[@]}" -LE tsan_only ;;
+  "") run tsan_only ;;
   # 2 GiB under ASan needs 3x the memory; the lock-model variants repeat what TSan checks;
   # libfabric's tcp provider runs the same ofi backend code as its shm provider does, and
   # UCX's tcp the same ucx backend code as UCX's shared memory. UCX's malloc hooks and memory
@@ -29,12 +37,13 @@ case "$sanitize" in
   # The design-space variants over UCX repeat, on the same backend code, what the shm ones check.
   # The whole suites' four-rank runs repeat their two-rank runs with more peers: the four-rank
   # tests that need them (departure, peer failure, pushed rendezvous, hybrid, netns hosts) stay.
-  address) UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no ctest "${args[@]}" -LE "large|tsan_only|lock_model|ofi_tcp|ucx_tcp|ucx_design" \
+  address) UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no run "large|tsan_only|lock_model|ofi_tcp|ucx_tcp|ucx_design" \
              -E "^(mp_(shm|ofi_shm|ucx_sm)_4|parcel_(mpi|mpi_a|mpix|ferry_plain|ferry_iovec)_4)$" ;;
   # The concurrent data structures (the shared-memory cell queue and transport included), the
-  # stress tests over both shared-memory paths, and the combining lock models.
+  # stress tests over both shared-memory paths and UCX's, and the combining lock models.
   # libferry links UCX, whose memory hooks (libucm, installed at load) crash TSan's runtime:
   # off, as for the ASan job.
-  thread) UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no FERRY_TEST_MESSAGES=20000 FERRY_TEST_SCALE=1 \
-            ctest "${args[@]}" -L "unit|tsan|tsan_only" ;;
+  thread) export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no FERRY_TEST_MESSAGES=20000 FERRY_TEST_SCALE=1
+          ctest "${args[@]}" -j"$(nproc)" -L '^unit$'
+          ctest "${args[@]}" -L tsan -LE '^unit$' ;;
 esac
