@@ -25,8 +25,8 @@ args=(--test-dir "$dir" --output-on-failure --timeout 600)
 # two of them at once would only oversubscribe them).
 run() {  # run LABEL-EXCLUDE-REGEX [ctest args...]: the unit pass, then the rest
   local exclude=$1; shift
-  ctest "${args[@]}" -j"$(nproc)" -L '^unit$' ${exclude:+-LE "$exclude"} "$@"
-  ctest "${args[@]}" -LE "^unit\$${exclude:+|$exclude}" "$@"
+  ctest "${args[@]}" -j"$(nproc)" -L '^unit$' -LE "$exclude" "$@"
+  ctest "${args[@]}" -LE "^unit\$|$exclude" "$@"
 }
 case "$sanitize" in
   "") run tsan_only ;;
