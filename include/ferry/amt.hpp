@@ -228,6 +228,12 @@ struct Action {
   std::string name;
 };
 
+// Memory that every rank exposes together (Runtime::expose) and the others read with
+// Runtime::get. A handle: copy it freely; the parts stay exposed until the runtime ends.
+struct Window {
+  std::uint32_t id = 0;  // 0: no window
+};
+
 // The value of a remote call, later. get() helps the runtime while it waits, so calling it on
 // a worker thread never deadlocks the pool.
 template <class R>
@@ -298,6 +304,21 @@ class Runtime {
 
   // Runs f on some worker of this rank.
   void spawn(std::function<void()> f);
+
+  // Collective: every rank calls it, in the same order, with its own part [data, data + size)
+  // (parts may differ in size; an empty one is allowed). Returns once every rank's part is
+  // known here, helping meanwhile. The parts stay exposed until the runtime is destroyed, so
+  // they must outlive it. Throws ferry::Error for a null data with a size.
+  Window expose(void* data, std::size_t size);
+  // Reads `size` bytes at `offset` of `rank`'s part of `w` into `dst`, which must stay valid
+  // until the future is ready. Over the ferry parcelport this is the core's one-sided get (the
+  // owner's CPU takes no part); over the MPI parcelports, which have none, a request that the
+  // owner's runtime answers with the bytes, as an AMT runtime over two-sided MPI does. The
+  // future holds ferry::PeerFailed when `rank` fails first. Throws ferry::Error for a window
+  // this runtime did not expose, a rank out of range, or a range outside that rank's part.
+  Future<void> get(int rank, Window w, std::size_t offset, void* dst, std::size_t size);
+  // True when get() is one-sided (Parcelport::has_get).
+  bool has_one_sided_get() const noexcept;
 
   // Runs one task or one round of background work from the calling thread; true if it did
   // something. What Future::get and finalize use to help while they wait.

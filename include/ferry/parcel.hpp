@@ -83,6 +83,18 @@ class Upcalls {
 
 using SentCallback = std::function<void()>;
 
+// Memory this rank exposed for one-sided reads (Parcelport::expose_memory); deregistered when
+// destroyed, which must happen before the parcelport is destroyed.
+class ExposedMemory {
+ public:
+  virtual ~ExposedMemory() = default;
+  // What another rank passes to Parcelport::get to read this region: send it as it is.
+  virtual const std::vector<std::byte>& key() const noexcept = 0;
+};
+
+// get()'s completion: 0, or a ferry error code (ferry::peer_failed_error when the rank failed).
+using GetCallback = std::function<void(int error)>;
+
 struct ParcelportOptions {
   std::string kind = "ferry";     // ferry, mpi, mpi_a, mpix
   int devices = 0;                // ferry: devices (0: FERRY_DEVICES); mpix: communicators (0: 2)
@@ -141,6 +153,21 @@ class Parcelport {
   // Headers from the wire this rank dropped as malformed (each also logged with its sender's
   // rank at FERRY_LOG=warn). A parcelport that checks nothing reports 0.
   virtual std::uint64_t parcels_malformed() const noexcept { return 0; }
+
+  // One-sided reads, for the layer above's gets of remote data (a block-sparse multiply's
+  // blocks). True when this parcelport reads remote memory without the owner's CPU (ferry: the
+  // core's RMA get); the MPI baselines have none, and the layer above reads with messages.
+  virtual bool has_get() const noexcept { return false; }
+  // Registers [data, data + size) for get() by the other ranks. Any thread. Throws
+  // ferry::Error when this parcelport has no get, or the registration fails.
+  virtual std::unique_ptr<ExposedMemory> expose_memory(void* data, std::size_t size);
+  // Reads `size` bytes at `offset` of `rank`'s region named by `key` into `dst`, which must stay
+  // valid until `done` runs. `done` runs exactly once: inside get() or a later
+  // background_work(), on any thread. Any thread; never blocks; a get the network cannot take
+  // now is queued. Throws ferry::Error for a rank out of range, a key that is not a key of
+  // `rank` from this kind of parcelport, or a range outside the region.
+  virtual void get(int rank, const std::vector<std::byte>& key, std::size_t offset, void* dst, std::size_t size,
+                   GetCallback done);
 };
 
 // ---- Choosing a parcelport by name (FERRY_PARCELPORT, ParcelportOptions::kind) ----------------

@@ -195,6 +195,30 @@ struct RecvState : State {
   std::atomic<int> error{0};  // as SendState::error
 };
 
+// A get of the layer above, from post to completion: the context of its completion in the
+// parcelport's get queue.
+struct GetOp {
+  GetCallback done;
+};
+
+// A region registered on every device (a get goes through the reading thread's device, and a
+// key is checked against the device it is used on); the key is one RemoteKey per device.
+class FerryExposedMemory final : public ExposedMemory {
+ public:
+  explicit FerryExposedMemory(std::vector<MemoryRegion> regions) : regions_(std::move(regions)) {
+    key_.resize(regions_.size() * sizeof(RemoteKey));
+    for (std::size_t d = 0; d < regions_.size(); ++d) {
+      const RemoteKey k = regions_[d].remote_key();
+      std::memcpy(key_.data() + d * sizeof k, &k, sizeof k);
+    }
+  }
+  const std::vector<std::byte>& key() const noexcept override { return key_; }
+
+ private:
+  std::vector<MemoryRegion> regions_;
+  std::vector<std::byte> key_;
+};
+
 class FerryParcelport final : public Parcelport {
   // The options' own ranges, checked before the runtime's collective set-up starts.
   static const ParcelportOptions& checked(const ParcelportOptions& options) {
@@ -267,6 +291,7 @@ class FerryParcelport final : public Parcelport {
     for (auto& q : cqs_) {
       while (auto c = q->pop()) discard(std::move(*c));
     }
+    while (auto c = gets_cq_.pop()) delete static_cast<GetOp*>(c->context);
   }
 
   int rank() const noexcept override { return rt_.rank(); }
@@ -411,6 +436,52 @@ class FerryParcelport final : public Parcelport {
   }
 
   void barrier() override { rt_.barrier(); }
+
+  // ---- one-sided reads ----
+  bool has_get() const noexcept override { return true; }
+
+  std::unique_ptr<ExposedMemory> expose_memory(void* data, std::size_t size) override {
+    std::vector<MemoryRegion> regions;
+    for (Device* d : devs_) regions.push_back(d->register_memory(data, size));
+    return std::make_unique<FerryExposedMemory>(std::move(regions));
+  }
+
+  void get(int rank, const std::vector<std::byte>& key, std::size_t offset, void* dst, std::size_t bytes,
+           GetCallback done) override {
+    if (rank < 0 || rank >= size()) {
+      throw Error("parcel get: rank=" + std::to_string(rank) + " is out of range; the job has " + std::to_string(size()) +
+                  " ranks");
+    }
+    if (key.size() != devs_.size() * sizeof(RemoteKey)) {
+      throw Error("parcel get: a key of " + std::to_string(key.size()) + " bytes; this parcelport's keys have " +
+                  std::to_string(devs_.size() * sizeof(RemoteKey)) + " (one per device: is FERRY_DEVICES the same on every rank?)");
+    }
+    const int d = thread_index() % static_cast<int>(devs_.size());
+    RemoteKey k;
+    std::memcpy(&k, key.data() + static_cast<std::size_t>(d) * sizeof k, sizeof k);
+    if (k.rank != rank || k.device != d) {
+      throw Error("parcel get: the key is rank " + std::to_string(k.rank) + "'s (device " + std::to_string(k.device) +
+                  "), not rank=" + std::to_string(rank) + "'s (device " + std::to_string(d) + ")");
+    }
+    if (offset > k.size || bytes > k.size - offset) {
+      throw Error("parcel get: offset=" + std::to_string(offset) + " + size=" + std::to_string(bytes) +
+                  " is outside rank " + std::to_string(rank) + "'s region of " + std::to_string(k.size) + " bytes");
+    }
+    if (bytes == 0) {
+      done(0);
+      return;
+    }
+    auto* op = new GetOp{std::move(done)};
+    gets_in_flight_.fetch_add(1, std::memory_order_relaxed);
+    auto post = [this, d, rank, dst, bytes, k, offset, op]() -> bool {
+      const Status s = devs_[static_cast<std::size_t>(d)]->post_get(
+          GetArgs{.rank = rank, .buffer = dst, .size = bytes, .remote = k, .offset = offset, .local = &gets_cq_, .context = op});
+      if (s.is_retry()) return false;
+      if (!s.is_posted()) finish_get(op, s.is_done() ? 0 : peer_failed_error);
+      return true;
+    };
+    if (!post()) defer(std::move(post));
+  }
 
  private:
   // What each thread keeps for the polling policies: its random numbers, its local-polling
@@ -732,17 +803,36 @@ class FerryParcelport final : public Parcelport {
 
   // Everything that finished: the completion queue, and with completion=sync the header
   // slots and one window of the synchronizer pool.
+  void finish_get(GetOp* op, int error) {
+    GetCallback done = std::move(op->done);
+    delete op;
+    gets_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+    done(error);
+  }
+  bool drain_gets() {
+    bool any = false;
+    for (int i = 0; i < 16; ++i) {
+      auto c = gets_cq_.pop();
+      if (!c) break;
+      any = true;
+      finish_get(static_cast<GetOp*>(c->context), c->error);
+    }
+    return any;
+  }
+
   bool drain_completions() {
     bool any = false;
+    // Relaxed: a stale zero leaves a finished get to the next call.
+    if (__builtin_expect(gets_in_flight_.load(std::memory_order_relaxed) != 0, 0)) any = drain_gets();
     // Relaxed: a stale false only leaves an overflowed completion to the next call.
     if (use_cq() || cq_overflow_.load(std::memory_order_relaxed)) {
       // parcel_queues=device: the queues of the devices the polling policy picks. explicit and
       // steal drained them as they progressed; implicit tests them before it progresses;
       // progress threads leave the workers only the queues.
       if (!per_device_) {
-        any = drain_queue(*cqs_[0]);
+        any |= drain_queue(*cqs_[0]);
       } else if (progress_ == Progress::thread || progress_ == Progress::implicit) {
-        any = for_polled_devices([this](int d) { return service(d, false); });
+        any |= for_polled_devices([this](int d) { return service(d, false); });
       }
     }
     if (sync_) {
@@ -993,6 +1083,9 @@ class FerryParcelport final : public Parcelport {
   // kHeaderTarget + its device: a header lands in the queue of the device it arrived on.
   std::vector<std::unique_ptr<CompletionQueue>> cqs_;
   std::vector<Exposure> exposures_;
+  // The layer above's gets: their completions, and how many are posted or queued.
+  CompletionQueue gets_cq_;
+  std::atomic<std::size_t> gets_in_flight_{0};
   std::vector<std::atomic<std::uint32_t>> tags_;
   // Which parcelport a thread registered as an owner in (PerThread::owner_of): never 0.
   const std::uint64_t generation_ = next_generation();

@@ -14,6 +14,14 @@
 
 namespace ferry::parcel {
 
+std::unique_ptr<ExposedMemory> Parcelport::expose_memory(void*, std::size_t) {
+  throw Error("expose_memory: the " + name() + " parcelport has no one-sided get (Parcelport::has_get)");
+}
+
+void Parcelport::get(int, const std::vector<std::byte>&, std::size_t, void*, std::size_t, GetCallback) {
+  throw Error("get: the " + name() + " parcelport has no one-sided get (Parcelport::has_get)");
+}
+
 namespace {
 thread_local int tls_index = -1;
 // Round-robin for threads that never set their index; relaxed: only uniqueness matters.
