@@ -243,11 +243,33 @@ class Future {
     std::atomic<bool> ready{false};
     std::conditional_t<std::is_void_v<R>, char, R> value{};
     std::exception_ptr error;  // set before ready: the call's rank failed (ferry::PeerFailed)
+    // then(): the continuation, written before `stage` becomes 1. `stage` is exchanged by both
+    // sides (acq_rel), so exactly one of them sees the other's mark and runs the continuation:
+    // 0 nothing yet, 1 a continuation waits, 2 ready.
+    std::function<void()> continuation;
+    std::atomic<std::uint8_t> stage{0};
+    std::atomic<bool> has_continuation{false};  // then() was called
+    // The producer's last step, after value or error is set.
+    void set_ready() {
+      ready.store(true, std::memory_order_release);
+      if (stage.exchange(2, std::memory_order_acq_rel) == 1) run_continuation();
+    }
+    // Moved out first: the continuation holds this state, and a stored one would keep it alive.
+    void run_continuation() {
+      std::function<void()> c = std::move(continuation);
+      continuation = nullptr;
+      c();
+    }
   };
   Future() = default;
   Future(Runtime* rt, std::shared_ptr<State> s) : rt_(rt), state_(std::move(s)) {}
   bool ready() const noexcept { return state_ && state_->ready.load(std::memory_order_acquire); }
   R get();
+  // Runs f(future) as a task of the runtime once this future is ready (spawned at once when it
+  // is ready already), so a task can wait for data without blocking a worker. At most one
+  // continuation per future; the future passed to f is this one (call get() on it).
+  template <class F>
+  void then(F&& f);
 
  private:
   Runtime* rt_ = nullptr;
@@ -292,11 +314,11 @@ class Runtime {
         rank, state,
         [state](detail::Reader& r) {
           if constexpr (!std::is_void_v<R>) state->value = r.arg<R>();
-          state->ready.store(true, std::memory_order_release);
+          state->set_ready();
         },
         [state](std::exception_ptr e) {
           state->error = std::move(e);
-          state->ready.store(true, std::memory_order_release);
+          state->set_ready();
         });
     send_call(rank, a.id, token, serialize<Args...>(std::forward<Given>(args)...));
     return Future<R>(this, std::move(state));
@@ -384,6 +406,21 @@ R Future<R>::get() {
   while (!state_->ready.load(std::memory_order_acquire)) rt_->help();
   if (state_->error) std::rethrow_exception(state_->error);
   if constexpr (!std::is_void_v<R>) return std::move(state_->value);
+}
+
+template <class R>
+template <class F>
+void Future<R>::then(F&& f) {
+  if (!state_) throw Error("Future::then: the future is empty");
+  if (state_->has_continuation.exchange(true, std::memory_order_relaxed)) {
+    throw Error("Future::then: the future has a continuation already");
+  }
+  Runtime* rt = rt_;
+  std::shared_ptr<State> s = state_;
+  state_->continuation = [rt, s, f = std::forward<F>(f)]() mutable {
+    rt->spawn([rt, s, f = std::move(f)]() mutable { f(Future<R>(rt, s)); });
+  };
+  if (state_->stage.exchange(1, std::memory_order_acq_rel) == 2) state_->run_continuation();
 }
 
 }  // namespace ferry::amt

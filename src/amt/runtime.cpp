@@ -638,7 +638,7 @@ class Runtime::Impl final : public parcel::Upcalls {
     Future<void> f(&self_, state);
     if (bytes == 0 || from == rank()) {
       if (bytes != 0) std::memcpy(dst, local + offset, bytes);
-      state->ready.store(true, std::memory_order_release);
+      state->set_ready();
       return f;
     }
     if (parcelport_->has_get()) {
@@ -649,7 +649,7 @@ class Runtime::Impl final : public parcel::Upcalls {
                              : std::make_exception_ptr(Error("amt: get from rank " + std::to_string(from) + " failed (error " +
                                                              std::to_string(error) + ")"));
         }
-        state->ready.store(true, std::memory_order_release);
+        state->set_ready();
       });
       return f;
     }
@@ -668,11 +668,11 @@ class Runtime::Impl final : public parcel::Upcalls {
           } catch (const std::exception& e) {
             state->error = std::make_exception_ptr(Error(std::string("amt: get: ") + e.what()));
           }
-          state->ready.store(true, std::memory_order_release);
+          state->set_ready();
         },
         [state](std::exception_ptr e) {
           state->error = std::move(e);
-          state->ready.store(true, std::memory_order_release);
+          state->set_ready();
         });
     detail::Writer m;
     m.pod(win.id);

@@ -172,6 +172,34 @@ int main(int argc, char** argv) {
   while (gets_done.load() < kGetTasks) rt.help();
   CHECK(gets_ok.load() == kGetTasks, "%d of %d concurrent gets read the right bytes", gets_ok.load(), kGetTasks);
 
+  // Continuations: on futures of calls and of gets, ready or not when then() is called.
+  std::atomic<int> continued{0}, continued_ok{0};
+  for (int peer = 0; peer < n; ++peer) {
+    auto f = rt.async_future(peer, add, peer, 100);
+    f.then([&, peer](ferry::amt::Future<int> g) {
+      if (g.get() == peer + 100) continued_ok.fetch_add(1);
+      continued.fetch_add(1);
+    });
+    auto ready = rt.async_future(peer, add, 1, 1);
+    while (!ready.ready()) rt.help();
+    ready.then([&](ferry::amt::Future<int> g) {
+      if (g.get() == 2) continued_ok.fetch_add(1);
+      continued.fetch_add(1);
+    });
+    const std::string twice = error_of([&] { ready.then([](ferry::amt::Future<int>) {}); });
+    CHECK(twice.find("the future has a continuation already") != std::string::npos, "message: %s", twice.c_str());
+    auto word = std::make_shared<std::uint64_t>(0);
+    rt.get(peer, win, 8, word.get(), 8).then([&, peer, word](ferry::amt::Future<void> g) {
+      g.get();
+      std::uint64_t want = 0;
+      for (int i = 7; i >= 0; --i) want = (want << 8) | byte_of(peer, 8 + static_cast<std::size_t>(i));
+      if (*word == want) continued_ok.fetch_add(1);
+      continued.fetch_add(1);
+    });
+  }
+  while (continued.load() < 3 * n) rt.help();
+  CHECK(continued_ok.load() == 3 * n, "%d of %d continuations saw their value", continued_ok.load(), 3 * n);
+
   // Bad input: clear errors, nothing crashes.
   try {
     rt.async(n, add, 1, 2);
