@@ -15,6 +15,7 @@ packages=(
   procps psmisc                        # ps / pkill for the launcher tests
   iproute2 util-linux                  # ip netns / unshare: the two-host tests in network namespaces
   valgrind                             # instruction counts (callgrind-am.sh, lock-evidence.sh)
+  libopenblas-dev                      # DGEMM for the block-sparse multiply proxy (apps/bspmm)
   clang libclang-rt-14-dev             # fuzz targets (scripts/fuzz.sh): clang's libFuzzer
 )
 missing=()
