@@ -85,9 +85,9 @@ def run_in_group(cmd, env, timeout, cwd=None):
         return None, out or "", (err or "") + f"\n(killed after {timeout} s)", time.monotonic() - t0
 
 
-def last_json(out, bench):
-    """The last JSON object in `out` whose "bench" is `bench` (a launcher's "[0] " prefix is
-    tolerated), or None."""
+def last_json(out, bench, key="bench"):
+    """The last JSON object in `out` whose `key` ("bench" by default; the proxy applications
+    say "app") is `bench` (a launcher's "[0] " prefix is tolerated), or None."""
     result = None
     for line in (out or "").splitlines():
         i = line.find("{")
@@ -97,7 +97,7 @@ def last_json(out, bench):
             j = json.loads(line[i:])
         except json.JSONDecodeError:
             continue
-        if isinstance(j, dict) and j.get("bench") == bench:
+        if isinstance(j, dict) and j.get(key) == bench:
             result = j
     return result
 

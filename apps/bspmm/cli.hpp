@@ -12,7 +12,7 @@ namespace bspmm {
 // Stage 1 compute-heavy (large blocks), stage 2 communication-heavy (small blocks, many tasks).
 inline void default_stages(Stage st[2]) {
   st[0] = Stage{8, 256, 0.6};
-  st[1] = Stage{32, 32, 0.5};
+  st[1] = Stage{40, 32, 0.5};
 }
 
 inline void add_stage_options(CLI::App& app, Stage st[2]) {
