@@ -52,6 +52,8 @@ def parse_args(argv):
                    help="ferry-octree's problem (default '--steps 100'; --quick '--steps 20')")
     p.add_argument("--bspmm-args", default=None,
                    help="ferry-bspmm's and ferry-bspmm-mpi's problem (default: the programs' own; --quick smaller)")
+    p.add_argument("--launch", choices=["local", "srun"], default="local",
+                   help="local: ferryrun / mpiexec.hydra on this host; srun: one rank per node of a Slurm allocation")
     p.add_argument("--timeout", type=positive, default=300, help="seconds per run")
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for every run (repeatable)")
     p.add_argument("--bin-dir", default=str(ROOT / "build" / "bin"))
@@ -99,6 +101,12 @@ def command(a, cfg):
     args = shlex.split(a.octree_args if app == "octree" else a.bspmm_args) + ["--verify", "--json"]
     if prog != "ferry-bspmm-mpi":
         args += ["--threads", str(threads), "--parcelport", pp]
+    if a.launch == "srun":
+        # One rank per node; ferry bootstraps over PMIx, the MPI programs through the same plugin
+        # (set SRUN_MPI for a site MPI that needs another, e.g. pmi2 or cray_shasta).
+        plugin = os.environ.get("SRUN_MPI", "pmix")
+        return ["srun", "-N", str(a.ranks), "-n", str(a.ranks), "--ntasks-per-node=1", f"--mpi={plugin}",
+                str(binp / prog)] + args
     if pp == "ferry":
         return [str(binp / "ferryrun"), "-n", str(a.ranks), "--timeout", str(a.timeout), "--no-prefix",
                 str(binp / prog)] + args
