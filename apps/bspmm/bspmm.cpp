@@ -85,6 +85,7 @@ struct App {
   std::mutex totals_lock;
   std::vector<std::uint64_t> totals[2] = {std::vector<std::uint64_t>(6, 0), std::vector<std::uint64_t>(6, 0)};
   Clock::time_point t0[2], t1[2];
+  std::atomic<int> ready_ranks{0};       // rank 0: ranks whose windows are all exposed
   std::atomic<int> finished_stage{-1};  // rank 0: the last stage every rank finished; others: told to stop = 1
 
   void prepare(int s, const bspmm::Stage& st) {
@@ -290,15 +291,20 @@ int main(int argc, char** argv) {
       a.finished_stage.store(1, std::memory_order_release);
       a.finished_stage.notify_all();
     });
+    auto ready = rt.action("bspmm.ready", []() { a.ready_ranks.fetch_add(1, std::memory_order_acq_rel); });
     auto check = rt.action("bspmm.check", [](int s) {
       const StageData& d = a.stages[s < 0 || s > 1 ? 0 : s];
       const bspmm::Check c = bspmm::check_rank(*d.layout, a.me, d.c.data());
       return std::vector<double>{c.diff2, c.ref2};
     });
     for (int s = 0; s < 2; ++s) a.prepare(s, st[s]);  // collective (expose), before the clock
+    // expose helps (runs tasks) while it waits, so a rank can still be inside it when another
+    // has returned: no stage starts before every rank has said it is out.
+    if (a.me != 0) rt.async(0, ready);
 
     std::vector<double> diff2(2, 0.0), ref2(2, 0.0);
     if (a.me == 0) {
+      while (a.ready_ranks.load(std::memory_order_acquire) < a.ranks - 1) rt.help();
       for (int s = 0; s < 2; ++s) {
         a.t0[s] = Clock::now();
         for (int r = 1; r < a.ranks; ++r) rt.async(r, go, s);

@@ -329,8 +329,11 @@ class Runtime {
 
   // Collective: every rank calls it, in the same order, with its own part [data, data + size)
   // (parts may differ in size; an empty one is allowed). Returns once every rank's part is
-  // known here, helping meanwhile. The parts stay exposed until the runtime is destroyed, so
-  // they must outlive it. Throws ferry::Error for a null data with a size.
+  // known here, helping meanwhile: tasks run inside it, and another rank may have returned
+  // from it (and sent work that uses the window) while this one waits, so work that gets from
+  // a window must not start before every rank has returned (say so with a message). The parts
+  // stay exposed until the runtime is destroyed, so they must outlive it. Throws ferry::Error
+  // for a null data with a size.
   Window expose(void* data, std::size_t size);
   // Reads `size` bytes at `offset` of `rank`'s part of `w` into `dst`, which must stay valid
   // until the future is ready. Over the ferry parcelport this is the core's one-sided get (the
