@@ -58,6 +58,7 @@ def parse_args(argv):
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for every run (repeatable)")
     p.add_argument("--bin-dir", default=str(ROOT / "build" / "bin"))
     p.add_argument("--out", default=None, help="results folder (default results/apps-<time>)")
+    p.add_argument("--replot", default=None, metavar="DIR", help="only redraw DIR's plots from its points.csv")
     a = p.parse_args(argv)
     check_env(p, a.env)
     try:
@@ -218,7 +219,8 @@ def plot(a, points, out_dir):
         ax.set_xticklabels([f"{t} worker(s)" for t in a.threads])
         ax.set_ylabel("time per step (ms), lower is better")
         ax.set_title("Octree proxy")
-        ax.legend()
+        ax.set_ylim(0, max((p.get("time_per_step_ms") or 0) for p in oct_pts) * 1.3 or 1)
+        ax.legend(loc="upper left", ncol=2)
         fig.tight_layout()
         fig.savefig(out_dir / "octree.png", dpi=120)
         plt.close(fig)
@@ -235,14 +237,33 @@ def plot(a, points, out_dir):
         ax.set_xticklabels(labels, fontsize=7, rotation=45, ha="right")
         ax.set_ylabel("time (s), lower is better")
         ax.set_title("Two-stage BSPMM")
-        ax.legend()
+        ax.set_ylim(0, max(a + b for a, b in zip(s1, s2)) * 1.3 or 1)
+        ax.legend(loc="upper left", ncol=2)
         fig.tight_layout()
         fig.savefig(out_dir / "bspmm.png", dpi=120)
         plt.close(fig)
 
 
+def replot(a):
+    d = Path(a.replot)
+    points = []
+    with open(d / "points.csv") as f:
+        for row in csv.DictReader(f):
+            p = {k: (float(v) if v not in ("", None) and k not in ("app", "label", "parcelport", "progress") else v)
+                 for k, v in row.items()}
+            p["threads"] = int(p["threads"])
+            points.append(p)
+    a.threads = sorted({p["threads"] for p in points if p["app"] == "octree"}) or a.threads
+    a.parcelports = [pp for pp in ["ferry"] + MPI_KINDS if any(p["label"] == pp for p in points if p["app"] == "octree")]
+    plot(a, points, d)
+    print(f"apps: plots redrawn in {d}")
+    return 0
+
+
 def main(argv):
     a = parse_args(argv)
+    if a.replot:
+        return replot(a)
     progs = ["ferryrun"] + (["ferry-octree"] if "octree" in a.apps else []) + \
         (["ferry-bspmm", "ferry-bspmm-mpi"] if "bspmm" in a.apps else [])
     missing = missing_program(a.bin_dir, progs, "scripts/apps.sh")
