@@ -31,9 +31,7 @@
 #include "ferry/amt.hpp"
 #include "ferry/error.hpp"
 #include "ferry/parcel.hpp"
-#ifdef FERRY_HAVE_PARCEL_MPI
-#include "ferry/parcel_mpi.hpp"
-#endif
+#include "app_main.hpp"
 #include "cli.hpp"
 #include "matrix.hpp"
 
@@ -45,16 +43,6 @@ using Clock = std::chrono::steady_clock;
 using ferry::amt::Blob;
 
 namespace {
-
-constexpr int exit_usage = 2;
-
-bool is_rank_zero_by_env() {
-  for (const char* name : {"PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
-    const char* v = std::getenv(name);
-    if (v != nullptr && *v != '\0') return std::strcmp(v, "0") == 0;
-  }
-  return true;
-}
 
 std::uint64_t ns_since(Clock::time_point t) {
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count());
@@ -239,36 +227,16 @@ int main(int argc, char** argv) {
   app.add_flag("--inline-tasks", inline_tasks, "run arriving calls on the worker that polled them (amt::Options::inline_calls)");
   app.add_flag("--verify", verify, "every C owner recomputes its blocks serially; exit 1 unless the difference is zero");
   app.add_flag("--json", json, "one JSON object (rank 0)");
-  // Every rank reports a bad command line: a launcher may end the job on the first rank's exit.
-  try {
-    app.parse(argc, argv);
-    bspmm::check_stages(st);
-    if (threads < 0 || threads > 4096) {
-      throw std::invalid_argument("--threads " + std::to_string(threads) + " is out of range (allowed: 0 to 4096)");
-    }
-    if (in_flight < 1 || in_flight > 65536) {
-      throw std::invalid_argument("--in-flight " + std::to_string(in_flight) + " is out of range (allowed: 1 to 65536)");
-    }
-  } catch (const CLI::CallForHelp& e) {
-    return is_rank_zero_by_env() ? app.exit(e) : 0;
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "ferry-bspmm: error: %s\nRun with --help for usage.\n", e.what());
-    return exit_usage;
-  } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "ferry-bspmm: error: %s\n", e.what());
-    return exit_usage;
+  if (const int rc = apps::parse(app, argc, argv, "ferry-bspmm",
+                                 [&] {
+                                   bspmm::check_stages(st);
+                                   apps::check_range("--threads", threads, 0, 4096);
+                                   apps::check_range("--in-flight", in_flight, 1, 65536);
+                                 });
+      rc >= 0) {
+    return rc;
   }
-#ifdef FERRY_HAVE_PARCEL_MPI
-  ferry::parcel::register_mpi_parcelports();
-#endif
-  const auto kinds = ferry::parcel::parcelport_kinds();
-  if (std::find(kinds.begin(), kinds.end(), parcelport) == kinds.end()) {
-    std::string list;
-    for (const auto& k : kinds) list += (list.empty() ? "" : ", ") + k;
-    std::fprintf(stderr, "ferry-bspmm: error: --parcelport '%s' is not one this build supports (%s)\n", parcelport.c_str(),
-                 list.c_str());
-    return exit_usage;
-  }
+  if (const int rc = apps::check_parcelport("ferry-bspmm", parcelport); rc >= 0) return rc;
 #ifdef FERRY_BSPMM_OPENBLAS
   openblas_set_num_threads(1);  // the runtime's workers are the parallelism
 #endif

@@ -34,24 +34,12 @@
 #include "ferry/amt.hpp"
 #include "ferry/error.hpp"
 #include "ferry/parcel.hpp"
-#ifdef FERRY_HAVE_PARCEL_MPI
-#include "ferry/parcel_mpi.hpp"
-#endif
+#include "app_main.hpp"
 #include "tree.hpp"
 
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-constexpr int exit_usage = 2;
-
-bool is_rank_zero_by_env() {
-  for (const char* name : {"PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
-    const char* v = std::getenv(name);
-    if (v != nullptr && *v != '\0') return std::strcmp(v, "0") == 0;
-  }
-  return true;
-}
 
 // One leaf as this rank holds it. Every rank keeps a slot for every leaf (halos for a leaf
 // can arrive before the leaf itself migrates in), and allocates its cells on first use.
@@ -332,41 +320,22 @@ int main(int argc, char** argv) {
   app.add_flag("--inline-tasks", inline_tasks, "run arriving calls on the worker that polled them (amt::Options::inline_calls)");
   app.add_flag("--verify", verify, "rank 0 also runs the serial reference and compares the checksums (exit 1 on a mismatch)");
   app.add_flag("--json", json, "one JSON object (rank 0)");
-  // Every rank reports a bad command line: a launcher may end the job on the first rank's
-  // exit, before rank 0 has printed anything. Help goes to rank 0 only.
-  try {
-    app.parse(argc, argv);
-    octree::check(p);
-    if (threads < 0 || threads > 4096) {
-      throw std::invalid_argument("--threads " + std::to_string(threads) + " is out of range (allowed: 0 to 4096)");
-    }
-  } catch (const CLI::CallForHelp& e) {
-    return is_rank_zero_by_env() ? app.exit(e) : 0;
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "ferry-octree: error: %s\nRun with --help for usage.\n", e.what());
-    return exit_usage;
-  } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "ferry-octree: error: %s\n", e.what());
-    return exit_usage;
+  if (const int rc = apps::parse(app, argc, argv, "ferry-octree",
+                                 [&] {
+                                   octree::check(p);
+                                   apps::check_range("--threads", threads, 0, 4096);
+                                 });
+      rc >= 0) {
+    return rc;
   }
-#ifdef FERRY_HAVE_PARCEL_MPI
-  ferry::parcel::register_mpi_parcelports();
-#endif
-  const auto kinds = ferry::parcel::parcelport_kinds();
-  if (std::find(kinds.begin(), kinds.end(), parcelport) == kinds.end()) {
-    std::string list;
-    for (const auto& k : kinds) list += (list.empty() ? "" : ", ") + k;
-    std::fprintf(stderr, "ferry-octree: error: --parcelport '%s' is not one this build supports (%s)\n",
-                 parcelport.c_str(), list.c_str());
-    return exit_usage;
-  }
+  if (const int rc = apps::check_parcelport("ferry-octree", parcelport); rc >= 0) return rc;
 
   std::unique_ptr<octree::Mesh> mesh;
   try {
     mesh = std::make_unique<octree::Mesh>(p);
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "ferry-octree: error: %s\n", e.what());
-    return exit_usage;
+    return apps::exit_usage;
   }
 
   ferry::amt::Options opt;
