@@ -135,11 +135,13 @@ def run_one(a, cfg):
 
 def metrics(app, result):
     if app == "octree":
-        return {"time_per_step_ms": result["time_per_step_ms"], "time_s": result["time_s"]}
+        return {"time_per_step_ms": result["time_per_step_ms"], "time_s": result["time_s"],
+                "progress_calls": result.get("progress_calls")}
     s1, s2 = result["stages"]
     return {"stage1_s": s1["time_s"], "stage2_s": s2["time_s"], "time_s": result["time_s"],
             "stage1_gflops": s1["gflops"], "stage2_gflops": s2["gflops"],
-            "stage1_wait_s": s1["wait_s"], "stage2_wait_s": s2["wait_s"]}
+            "stage1_wait_s": s1["wait_s"], "stage2_wait_s": s2["wait_s"],
+            "stage1_progress_calls": s1.get("progress_calls"), "stage2_progress_calls": s2.get("progress_calls")}
 
 
 def median(values):
@@ -297,10 +299,11 @@ def main(argv):
         if ok:
             ms = [metrics(cfg[0], r["result"]) for r in ok]
             for k in ms[0]:
-                p[k] = median([m[k] for m in ms])
+                p[k] = median([m[k] for m in ms if m[k] is not None])
         points.append(p)
     keys = ["app", "label", "parcelport", "progress", "threads", "runs", "failed", "time_per_step_ms", "time_s",
-            "stage1_s", "stage2_s", "stage1_gflops", "stage2_gflops", "stage1_wait_s", "stage2_wait_s"]
+            "stage1_s", "stage2_s", "stage1_gflops", "stage2_gflops", "stage1_wait_s", "stage2_wait_s", "progress_calls",
+            "stage1_progress_calls", "stage2_progress_calls"]
     with open(out_dir / "points.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()

@@ -71,7 +71,7 @@ struct App {
   // Rank 0: per stage, the ranks that finished, summed counters and the clock.
   std::atomic<int> reports[2] = {0, 0};
   std::mutex totals_lock;
-  std::vector<std::uint64_t> totals[2] = {std::vector<std::uint64_t>(6, 0), std::vector<std::uint64_t>(6, 0)};
+  std::vector<std::uint64_t> totals[2] = {std::vector<std::uint64_t>(7, 0), std::vector<std::uint64_t>(7, 0)};
   Clock::time_point t0[2], t1[2];
   std::atomic<int> ready_ranks{0};       // rank 0: ranks whose windows are all exposed
   std::atomic<int> finished_stage{-1};  // rank 0: the last stage every rank finished; others: told to stop = 1
@@ -191,7 +191,7 @@ struct App {
   std::vector<std::uint64_t> counters(int s) const {
     const StageData& d = stages[s];
     return {d.wait_ns.load(), d.dgemm_ns.load(), d.gets.load(), d.get_bytes.load(), d.products_sent.load(),
-            bad_messages.load() + rt->errors()};
+            bad_messages.load() + rt->errors(), rt->progress_calls()};
   }
   void report(int s) {
     if (me == 0) on_done(s, counters(s));
@@ -328,6 +328,7 @@ int main(int argc, char** argv) {
                         {"gets", c[2]},
                         {"get_bytes", c[3]},
                         {"accumulates", c[4]},
+                        {"progress_calls", s == 0 ? c[6] : c[6] - a.totals[0][6]},  // in this stage, all ranks
                         {"rel_error", verify ? std::sqrt(diff2[static_cast<std::size_t>(s)] / std::max(ref2[static_cast<std::size_t>(s)], 1e-300))
                                              : -1.0}});
     }

@@ -81,10 +81,12 @@ struct App {
   std::size_t final_expected = 0;               // leaves whose last step runs here
   std::atomic<std::size_t> final_count{0};
 
-  // Rank 0: reports from the ranks, the clock, and every rank's counters summed.
+  // Rank 0: reports from the ranks, the clock, and every rank's counters summed (counters():
+  // halo messages, halo bytes, migrations, migrated leaves, migration bytes, errors, progress
+  // calls up to the rank's last step).
   std::atomic<int> reports{0};
   std::mutex totals_lock;
-  std::vector<std::uint64_t> totals = std::vector<std::uint64_t>(6, 0);
+  std::vector<std::uint64_t> totals = std::vector<std::uint64_t>(7, 0);
   Clock::time_point t0, t1;
   std::atomic<bool> finished{false};
 
@@ -252,7 +254,7 @@ struct App {
 
   std::vector<std::uint64_t> counters() const {
     return {halo_messages.load(), halo_bytes.load(), migrations.load(), migrated_leaves.load(), migration_bytes.load(),
-            bad_messages.load() + rt->errors()};
+            bad_messages.load() + rt->errors(), rt->progress_calls()};
   }
 
   // This rank's last leaf has finished (exactly once).
@@ -430,6 +432,7 @@ int main(int argc, char** argv) {
                           {"migrated_leaves", a.totals[3]},
                           {"migration_bytes", a.totals[4]},
                           {"parcels_sent_rank0", rt.parcels_sent()},
+                          {"progress_calls", a.totals[6]},
                           {"checksum", hex(total.hash)},
                           {"sum", total.sum},
                           {"verified", verified < 0 ? nlohmann::json(nullptr) : nlohmann::json(verified == 1)},

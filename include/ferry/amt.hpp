@@ -356,6 +356,9 @@ class Runtime {
   // Parcels this rank's application sent / received (control traffic excluded).
   std::uint64_t parcels_sent() const noexcept;
   std::uint64_t parcels_received() const noexcept;
+  // Calls this rank's threads made to the parcelport's background_work (help(), idle workers,
+  // waits): the progress calls an application's report counts.
+  std::uint64_t progress_calls() const noexcept;
   // Failed tasks, malformed replies, and (after finalize) calls to actions never registered.
   std::uint64_t errors() const noexcept;
 

@@ -142,6 +142,8 @@ class Runtime::Impl final : public parcel::Upcalls {
     parcelport_ = parcel::make_parcelport(t, *this);
     failed_ = std::make_unique<std::atomic<bool>[]>(static_cast<std::size_t>(parcelport_->size()));
     for (int r = 0; r < parcelport_->size(); ++r) failed_[static_cast<std::size_t>(r)].store(false, std::memory_order_relaxed);
+    workers_count_ = static_cast<std::size_t>(options_.threads);
+    progress_calls_ = std::make_unique<CallCount[]>(workers_count_ + 1);
     for (int i = 0; i < options_.threads; ++i) workers_.emplace_back([this, i] { work(i); });
   }
 
@@ -274,13 +276,35 @@ class Runtime::Impl final : public parcel::Upcalls {
   bool help() {
     if (run_one()) return true;
     tls_inline_ran = false;
+    count_progress_call();
     return parcelport_->background_work();
+  }
+
+  // Calls of background_work, for the applications' reports. A worker counts in its own
+  // cache line with a plain load and store (it is the line's only writer; readers may see a
+  // count a call or two old); every other thread shares the last line, with fetch_add.
+  struct alignas(64) CallCount {
+    std::atomic<std::uint64_t> n{0};
+  };
+  void count_progress_call() noexcept {
+    if (tls_worker_of == this) {
+      std::atomic<std::uint64_t>& n = progress_calls_[static_cast<std::size_t>(tls_worker_index)].n;
+      n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    } else {
+      progress_calls_[workers_count_].n.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  std::uint64_t progress_calls() const noexcept {
+    std::uint64_t sum = 0;
+    for (std::size_t i = 0; i <= workers_count_; ++i) sum += progress_calls_[i].n.load(std::memory_order_relaxed);
+    return sum;
   }
 
   // Marks this worker busy for the parcelport while it runs its outermost task (a task that
   // helps inside Future::get runs nested tasks: those do not count again). Only the runtime's
   // own workers report: a thread of the application is not a device's owner.
   static thread_local const Impl* tls_worker_of;
+  static thread_local int tls_worker_index;  // this worker's number, when tls_worker_of is set
   static thread_local int tls_task_depth;
   static thread_local bool tls_inline_ran;  // this background_work already ran a call inline
   struct BusyMark {
@@ -299,6 +323,7 @@ class Runtime::Impl final : public parcel::Upcalls {
   void work(int index) {
     parcel::set_thread_index(index);
     tls_worker_of = this;
+    tls_worker_index = index;
     if (options_.pin) {
       cpu_set_t set;
       CPU_ZERO(&set);
@@ -737,6 +762,8 @@ class Runtime::Impl final : public parcel::Upcalls {
   Options options_;
   std::unique_ptr<parcel::Parcelport> parcelport_;
   std::vector<std::thread> workers_;
+  std::size_t workers_count_ = 0;
+  std::unique_ptr<CallCount[]> progress_calls_;  // by worker, then one for every other thread
   std::atomic<bool> stop_{false};
 
   ferry::detail::MpmcRing<std::function<void()>*> tasks_;
@@ -785,6 +812,7 @@ class Runtime::Impl final : public parcel::Upcalls {
 };
 
 thread_local const Runtime::Impl* Runtime::Impl::tls_worker_of = nullptr;
+thread_local int Runtime::Impl::tls_worker_index = 0;
 thread_local int Runtime::Impl::tls_task_depth = 0;
 thread_local bool Runtime::Impl::tls_inline_ran = false;
 
@@ -818,6 +846,7 @@ bool Runtime::help() { return impl_->help(); }
 void Runtime::finalize() { impl_->finalize(); }
 std::uint64_t Runtime::parcels_sent() const noexcept { return impl_->sent_.load(std::memory_order_relaxed); }
 std::uint64_t Runtime::parcels_received() const noexcept { return impl_->received_.load(std::memory_order_relaxed); }
+std::uint64_t Runtime::progress_calls() const noexcept { return impl_->progress_calls(); }
 void Runtime::register_invoker(std::uint64_t id, const std::string& name, detail::Invoker invoker) {
   impl_->register_invoker(id, name, std::move(invoker));
 }
