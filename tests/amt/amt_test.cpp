@@ -220,6 +220,9 @@ int main(int argc, char** argv) {
     rt.async(1, only, 7);  // rank 1 never registers it: reported there at finalize
   }
 
+  // Every wait above helped: the runtime counted its progress calls.
+  CHECK(rt.progress_calls() > 0, "progress_calls() = %llu", static_cast<unsigned long long>(rt.progress_calls()));
+
   // Termination with work in flight: start cascades and finalize at once.
   const int depth = 9;
   rt.async(me, spread, depth);
