@@ -157,5 +157,23 @@ check mp-pmix-auto  FERRY_BOOTSTRAP=auto -- -n 2 --mpi=pmix "$bin/ferry-mp-tests
 check parcel-pmi2   FERRY_BOOTSTRAP=pmi1 -- -n 2 --mpi=pmi2 "$bin/ferry-parcel-test" --parcels 200
 check parcel-pmix   FERRY_BOOTSTRAP=pmix -- -n 2 --mpi=pmix "$bin/ferry-parcel-test" --parcels 200
 
+# The proxies' cluster script, as submitted, on this one node (one rank, small problems): its
+# srun launches of ferry-octree, ferry-bspmm and ferry-bspmm-mpi (MPICH's PMI-1 client, so
+# --mpi=pmi2) and its results folder.
+if [ -x "$bin/ferry-octree" ] && [ -x "$bin/ferry-bspmm" ] && [ -x "$bin/ferry-bspmm-mpi" ]; then
+  name=apps-sbatch
+  echo "=== $name: sbatch -N 1 apps/slurm-apps.sbatch (one rank)"
+  out="$dir/apps-results"
+  if FERRY_DIR="$root" FERRY_BUILD_DIR="$root/${FERRY_BUILD:-build}" APPS_PYTHON=/usr/bin/python3 APPS_THREADS=1 \
+       APPS_REPS=1 SRUN_MPI=pmi2 APPS_OUT="$out" \
+       timeout 300 sbatch --wait -N 1 --exclusive=user -o "$dir/log/$name.out" "$root/apps/slurm-apps.sbatch" \
+       --octree-args "--steps 5" --bspmm-args "--stage1-blocks 3 --stage1-block-size 32 --stage2-blocks 6 --stage2-block-size 8" \
+       && [ -s "$out/summary.md" ]; then  # sbatch --wait exits with the job's code: apps.py's, 1 on a failed run
+    pass=$((pass + 1)); tail -n 5 "$dir/log/$name.out"; echo "--- $name: PASS"
+  else
+    fail=$((fail + 1)); failed+=("$name"); tail -n 30 "$dir/log/$name.out"; echo "--- $name: FAIL"
+  fi
+fi
+
 echo "=== local-slurm.sh: $pass passed, $fail failed${failed[*]:+: ${failed[*]}} (logs in $dir/log)"
 [ "$fail" = 0 ]
