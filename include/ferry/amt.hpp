@@ -248,7 +248,8 @@ class Future {
     // 0 nothing yet, 1 a continuation waits, 2 ready.
     std::function<void()> continuation;
     std::atomic<std::uint8_t> stage{0};
-    std::atomic<bool> has_continuation{false};  // then() was called
+    // then() was called. Relaxed: it only refuses a second then(); `stage` orders the rest.
+    std::atomic<bool> has_continuation{false};
     // The producer's last step, after value or error is set.
     void set_ready() {
       ready.store(true, std::memory_order_release);

@@ -647,8 +647,11 @@ class Runtime::Impl final : public parcel::Upcalls {
     {
       std::lock_guard<std::mutex> g(windows_mutex_);
       auto it = windows_.find(win.id);
-      if (it == windows_.end() || !it->second.exposed_here || it->second.known != size()) {
+      if (it == windows_.end() || !it->second.exposed_here) {
         throw Error("get: window " + std::to_string(win.id) + " is not one this runtime exposed");
+      }
+      if (it->second.known != size()) {
+        throw Error("get: window " + std::to_string(win.id) + " is still being exposed (call get after expose returns)");
       }
       const WindowPart& part = it->second.parts[static_cast<std::size_t>(from)];
       if (offset > part.size || bytes > part.size - offset) {

@@ -801,8 +801,7 @@ class FerryParcelport final : public Parcelport {
     deferred_count_.store(deferred_.size(), std::memory_order_relaxed);
   }
 
-  // Everything that finished: the completion queue, and with completion=sync the header
-  // slots and one window of the synchronizer pool.
+  // A get of the layer above is done: its record goes, then its callback runs.
   void finish_get(GetOp* op, int error) {
     GetCallback done = std::move(op->done);
     delete op;
@@ -820,6 +819,8 @@ class FerryParcelport final : public Parcelport {
     return any;
   }
 
+  // Everything that finished: the completion queue, and with completion=sync the header
+  // slots and one window of the synchronizer pool.
   bool drain_completions() {
     bool any = false;
     // Relaxed: a stale zero leaves a finished get to the next call.
@@ -1083,7 +1084,8 @@ class FerryParcelport final : public Parcelport {
   // kHeaderTarget + its device: a header lands in the queue of the device it arrived on.
   std::vector<std::unique_ptr<CompletionQueue>> cqs_;
   std::vector<Exposure> exposures_;
-  // The layer above's gets: their completions, and how many are posted or queued.
+  // The layer above's gets: their completions, and how many are posted or queued (relaxed
+  // throughout: the count only lets drain_completions skip an empty queue).
   CompletionQueue gets_cq_;
   std::atomic<std::size_t> gets_in_flight_{0};
   std::vector<std::atomic<std::uint32_t>> tags_;
