@@ -26,7 +26,9 @@ for t in "${targets[@]}"; do
   [ -f "tests/fuzz/${t}_fuzz.cpp" ] || { echo "fuzz.sh: --targets: '$t' is not a target; valid: wire, notify, heartbeat, parcel_header, mpi_header, pmi_server, pmi_reply" >&2; exit 2; }
 done
 scripts/deps.sh
-CC=clang CXX=clang++ cmake -S . -B "$bdir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE=address -DFERRY_FUZZ=ON \
+# Line tables only (-g1), as in scripts/test.sh: crash stacks name file and line.
+CC=clang CXX=clang++ cmake -S . -B "$bdir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
+  -DFERRY_SANITIZE=address -DFERRY_FUZZ=ON \
   -DFERRY_BUILD_BENCH=OFF >"$bdir.configure.log" 2>&1 || { cat "$bdir.configure.log"; exit 1; }
 cmake --build "$bdir" -j"$(nproc)" --target "${targets[@]/#/ferry-fuzz-}"
 # A hostile size may ask for more memory than there is: ferry must see an allocation fail and

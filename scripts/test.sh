@@ -16,7 +16,10 @@ dir=build${sanitize:+-$( [ "$sanitize" = address ] && echo asan || echo tsan )}
 # The TSan job runs no benchmark program (none of its tests is one): it does not build them.
 bench=ON
 if [ "$sanitize" = thread ]; then bench=OFF; fi
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE="$sanitize" -DFERRY_BUILD_BENCH=$bench >"$dir.configure.log" 2>&1 ||
+# Line tables only (-g1): a failure's stack still names file and line, and the three builds take
+# about a quarter less time than with full debug information.
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
+  "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" -DFERRY_SANITIZE="$sanitize" -DFERRY_BUILD_BENCH=$bench >"$dir.configure.log" 2>&1 ||
   { cat "$dir.configure.log"; exit 1; }
 cmake --build "$dir" -j"$(nproc)"
 export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0"

@@ -28,7 +28,7 @@ ProgressThreads::~ProgressThreads() {
 }
 
 void ProgressThreads::run(std::vector<Device*> mine) noexcept {
-  int idle = 0;
+  IdleBackoff idle;
   while (!stop_.load(std::memory_order_acquire)) {
     bool any = false;
     for (Device* dev : mine) {
@@ -41,14 +41,7 @@ void ProgressThreads::run(std::vector<Device*> mine) noexcept {
         return;
       }
     }
-    if (any) {
-      idle = 0;
-    } else if (++idle < 32) {
-      cpu_relax();
-    } else {
-      std::this_thread::yield();
-      idle = 0;
-    }
+    idle(any);
   }
 }
 

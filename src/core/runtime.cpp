@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <exception>
 
+#include "common/cpu_relax.hpp"
 #include "common/log.hpp"
 #include "common/queue_support.hpp"
 #include "core/fatal_signals.hpp"
@@ -279,23 +280,27 @@ void RuntimeImpl::barrier() {
   for (auto& t : lock_models_) {
     if (t != nullptr) {
       const std::uint64_t before = t->deferred();
-      while (t->performed() < before) t->progress();
+      IdleBackoff idle;
+      while (t->performed() < before) idle(t->progress());
     }
   }
   const std::uint32_t parity = barrier_epoch_++ & 1;
   int round = 0;
+  // Ranks reach a barrier at different times: the early ones yield their core once progress
+  // finds nothing for a while, to the late ones when ranks outnumber cores.
+  IdleBackoff idle;
   for (int dist = 1; dist < size_; dist *= 2, ++round) {
     const int to = (rank_ + dist) % size_;
     const std::uint32_t step = (parity << 8) | static_cast<std::uint32_t>(round);
     while (!post_barrier_step(to, step)) {
-      progress_devices();
+      idle(progress_devices());
       throw_if_failed("barrier");
     }
     std::atomic<int>& arrived = barrier_steps_[parity][round];
     // A failed peer ends the wait only while the step is missing: its sender, or a rank the
     // sender waits for, may be the failed one, and nothing else would end it.
     while (arrived.load(std::memory_order_acquire) == 0) {
-      progress_devices();
+      idle(progress_devices());
       if (arrived.load(std::memory_order_acquire) == 0) throw_if_failed("barrier");
     }
     // Relaxed: only the count matters here; the acquire above ordered the data.
@@ -362,8 +367,9 @@ void RuntimeImpl::depart() noexcept {
   try {
     for (int r = 0; r < size_; ++r) {
       if (r == rank_ || failed(r)) continue;
+      IdleBackoff idle;
       while (!post_barrier_step(r, kDepartStep) && std::chrono::steady_clock::now() < deadline) {
-        progress_devices();
+        idle(progress_devices());
       }
     }
   } catch (const std::exception& e) {
@@ -519,22 +525,25 @@ bool RuntimeImpl::post_barrier_step(int to, std::uint32_t step) {
   return post(*devices_[0], &args);
 }
 
-void RuntimeImpl::progress_devices() {
+bool RuntimeImpl::progress_devices() {
+  bool any = false;
   for (std::size_t d = 0; d < devices_.size(); ++d) {
     if (LockModelImpl* lm = lock_models_[d].get()) {
-      (void)lm->progress();
+      any |= lm->progress();
     } else {
-      (void)devices_[d]->progress();
+      any |= devices_[d]->progress();
     }
   }
+  return any;
 }
 
 std::size_t RuntimeImpl::drain(DeviceImpl& device, double seconds) {
   LockModelImpl* lock_model = lock_models_[static_cast<std::size_t>(device.index())].get();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   auto busy = [&] { return (lock_model != nullptr ? lock_model->queued() : 0) + device.in_flight(); };
+  IdleBackoff idle;
   while (busy() != 0 && std::chrono::steady_clock::now() < deadline) {
-    if (lock_model != nullptr) lock_model->progress(); else device.progress();
+    idle(lock_model != nullptr ? lock_model->progress() : device.progress());
   }
   return busy();
 }

@@ -104,7 +104,7 @@ class RuntimeImpl {
   // as its lock model lets a post in (never beside the thread that owns it: a UCX worker in
   // serialised mode, an offload thread).
   bool post_barrier_step(int to, std::uint32_t step);
-  void progress_devices();
+  bool progress_devices();  // true when any device or lock model did something
 
   Resolved<RuntimeSettings> options_;
   const Config& config_ = options_.settings;  // the typed values of options_

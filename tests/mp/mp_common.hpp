@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ferry/ferry.hpp"
@@ -22,12 +23,31 @@ ferry::Runtime& rt();
 
 inline double wait_seconds() { return 120.0; }
 
+// A wait's progress call: after 32 in a row that found nothing, a yield, so that a job with more
+// ranks than cores (4 ranks on 2 cores here) hands the core to the peer it waits for instead of
+// spinning out its time slice.
+class Idle {
+ public:
+  void operator()(bool progressed) {
+    if (progressed) {
+      idle_ = 0;
+    } else if (++idle_ >= 32) {
+      std::this_thread::yield();
+      idle_ = 0;
+    }
+  }
+
+ private:
+  int idle_ = 0;
+};
+
 // Progresses `dev` until pred() holds; false on timeout.
 template <class Pred>
 bool wait_until(ferry::Device& dev, Pred&& pred, double seconds = wait_seconds()) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  Idle idle;
   while (!pred()) {
-    dev.progress();
+    idle(dev.progress());
     if (std::chrono::steady_clock::now() > deadline) return false;
   }
   return true;
@@ -36,10 +56,11 @@ bool wait_until(ferry::Device& dev, Pred&& pred, double seconds = wait_seconds()
 // Posts until the post is not `retry`, progressing in between.
 template <class Post>
 ferry::Status post_retry(ferry::Device& dev, Post&& post) {
+  Idle idle;
   for (;;) {
     ferry::Status s = post();
     if (!s.is_retry()) return s;
-    dev.progress();
+    idle(dev.progress());
   }
 }
 
