@@ -12,9 +12,9 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "common/cpu_relax.hpp"
 #include "ferry/ferry.hpp"
 
 namespace mp {
@@ -23,23 +23,10 @@ ferry::Runtime& rt();
 
 inline double wait_seconds() { return 120.0; }
 
-// A wait's progress call: after 32 in a row that found nothing, a yield, so that a job with more
-// ranks than cores (4 ranks on 2 cores here) hands the core to the peer it waits for instead of
-// spinning out its time slice.
-class Idle {
- public:
-  void operator()(bool progressed) {
-    if (progressed) {
-      idle_ = 0;
-    } else if (++idle_ >= 32) {
-      std::this_thread::yield();
-      idle_ = 0;
-    }
-  }
-
- private:
-  int idle_ = 0;
-};
+// A wait's progress call yields the core after 32 in a row that found nothing
+// (detail::IdleBackoff), so that a job with more ranks than cores (4 ranks on 2 cores here)
+// hands the core to the peer it waits for instead of spinning out its time slice.
+using Idle = ferry::detail::IdleBackoff;
 
 // Progresses `dev` until pred() holds; false on timeout.
 template <class Pred>

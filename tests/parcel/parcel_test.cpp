@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/cpu_relax.hpp"
 #include "ferry/error.hpp"
 #include "ferry/parcel.hpp"
 #ifdef FERRY_HAVE_PARCEL_MPI
@@ -28,22 +29,9 @@ using namespace ferry::parcel;
 
 namespace {
 
-// A wait's background_work call: after 32 in a row that found nothing, a yield, so that a job
-// with more ranks than cores hands the core to the peer it waits for.
-class Idle {
- public:
-  void operator()(bool progressed) {
-    if (progressed) {
-      idle_ = 0;
-    } else if (++idle_ >= 32) {
-      std::this_thread::yield();
-      idle_ = 0;
-    }
-  }
-
- private:
-  int idle_ = 0;
-};
+// A wait's background_work call yields the core after 32 in a row that found nothing, so that
+// a job with more ranks than cores hands the core to the peer it waits for.
+using Idle = ferry::detail::IdleBackoff;
 
 constexpr std::uint32_t kData = 0xDA7A, kCount = 0xC0C0;
 
