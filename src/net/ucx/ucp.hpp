@@ -39,5 +39,8 @@ std::string ucs_error(const char* call, ucs_status_t s);
 // The transports UCX picked for an endpoint and what each lane does, from ucp_ep_print_info:
 // "sysv/memory (am,am_bw); posix/memory (); cma/memory (rma_bw)".
 std::string lanes_of(ucp_ep_h ep);
+// Whether UCX does RMA on `ep` itself (an RMA lane: InfiniBand, RoCE) rather than emulating it
+// over active messages (its shared-memory transports, tcp; see am_rma.hpp).
+bool has_rma_lane(ucp_ep_h ep);
 
 }  // namespace ferry::net::ucx

@@ -65,13 +65,12 @@ Context::Context() {
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) throw Error("FERRY_TRANSPORT=ucx: " + ucs_error("ucp_config_read", s) + " (check the UCX_* variables)");
   ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_TAG_SENDER_MASK | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-  params.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA | UCP_FEATURE_AM;
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;  // messages are active messages
   // Registrations (ucp_mem_map, ucp_rkey_pack) come from application threads while the
   // devices' workers progress on others, and several devices share this context: UCX then
   // guards the context's own state (registration paths only, not the message path).
   params.mt_workers_shared = 1;
-  params.tag_sender_mask = 0xFFFFFFFFull;  // a message's tag carries its sender's rank
   tls_ = ucx_tls(config);
   s = ucp_init(&params, config, &context_);
   ucp_config_release(config);
@@ -115,6 +114,19 @@ std::string lanes_of(ucp_ep_h ep) {
     out += (out.empty() ? "" : "; ") + tl + " (" + uses + ")";
   }
   return out;
+}
+
+bool has_rma_lane(ucp_ep_h ep) {
+  // lanes_of: "tcp/lo (rma_bw#0,am,am_bw#0); ..."; an RMA lane is "rma" or "rma#N" (not rma_bw).
+  const std::string lanes = lanes_of(ep);
+  std::size_t at = 0;
+  while ((at = lanes.find("rma", at)) != std::string::npos) {
+    const bool starts = at > 0 && (lanes[at - 1] == '(' || lanes[at - 1] == ',');
+    const char after = at + 3 < lanes.size() ? lanes[at + 3] : ')';
+    if (starts && (after == '#' || after == ',' || after == ')')) return true;
+    at += 3;
+  }
+  return false;
 }
 
 std::string describe() {

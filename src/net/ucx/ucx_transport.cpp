@@ -1,21 +1,27 @@
 // ucx_transport.cpp — one ferry device over one ucp_worker.
 //
 // Mapping
-//  - Messages are UCP tagged messages with one tag class: the tag carries the sender's rank
-//    (UCP_PARAM_FIELD_TAG_SENDER_MASK), every posted receive matches any sender, so UCP's tag
-//    matching only moves each message into the oldest posted buffer, in order per sender.
-//    ferry's own protocols (eager, fragments, rendezvous) run on top, as over libfabric; UCX's
-//    eager/rendezvous choice applies to each packet-sized message.
+//  - Messages are UCP active messages of one id (kAmData), without a UCP header, sent eagerly
+//    (UCP_AM_SEND_FLAG_EAGER): the receive callback copies each into the oldest posted buffer,
+//    in arrival order, which is the order sent per sender. With no buffer posted the message
+//    is held (UCX's descriptor where UCX lets it be kept, else a copy) until one is. ferry's
+//    wire header names the sender, so receive events do not (caps().reports_source is false).
+//    ferry's own protocols (eager, fragments, rendezvous) run on top, as over libfabric.
 //  - inject tries UCP's inline path (UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL: done in the call, or
 //    UCS_ERR_NO_RESOURCE); where that is not possible it copies into a bounce buffer of a fixed
 //    pool that the send's callback returns. An empty pool is -EAGAIN.
-//  - RMA: register_memory maps the range (ucp_mem_map) and packs its rkey; the key ferry
-//    hands to peers is the number of that registration in this transport's table. The first
-//    RMA to (rank, key) asks the owner for the packed rkey by an active message and answers
-//    -EAGAIN (the core retries); the reply, handled in poll, unpacks it into a per-rank cache.
-//    put and put_data complete when an endpoint flush after them completes, so their data is
-//    at the target; put_data then sends its notification as an active message, which the
-//    target reports as a remote_write event.
+//  - RMA to a peer whose endpoint has no RMA lane (UCX's shared memory, tcp): ferry's own
+//    protocol over active messages (am_rma.hpp): a put carries its bytes and is acknowledged
+//    once written (put_data's target reports the remote write first); a get is a request the
+//    target checks against its registrations and answers from its poll. UCX's emulation of
+//    ucp_put_nbx/ucp_get_nbx there aborts the process when an answer cannot be sent.
+//  - RMA to a peer with an RMA lane (InfiniBand, RoCE): register_memory maps the range
+//    (ucp_mem_map) and packs its rkey; the key ferry hands to peers is the number of that
+//    registration in this transport's table. The first RMA to (rank, key) asks the owner for
+//    the packed rkey by an active message and answers -EAGAIN (the core retries); the reply,
+//    handled in poll, unpacks it into a per-rank cache. put and put_data complete when an
+//    endpoint flush after them completes, so their data is at the target; put_data then sends
+//    its notification as an active message, which the target reports as a remote_write event.
 //  - Events: UCX callbacks run inside ucp_worker_progress (the poll lock holder's poll); a post
 //    that UCX completes at once reports from the posting thread. Both push onto one
 //    multi-producer ring the poll drains (overflow, never expected: a spin-locked vector).
@@ -27,13 +33,14 @@
 //    peer-gone. Endpoints use UCX's peer error mode
 //    only to peers on other hosts: in UCX 1.13 that mode leaves out the shared-memory
 //    transports (and over tcp within a host it made the AMT failure test abort in 2 of 15
-//    runs, in UCX's answer to a dead peer's get request, against 0 of 15 without it).
+//    runs, in UCX's emulated answer to a dead peer's get request).
 #include <sys/uio.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <type_traits>
 #include <unordered_map>
@@ -46,6 +53,7 @@
 #include "ferry/error.hpp"
 #include "net/abandon.hpp"
 #include "net/hazard.hpp"
+#include "net/ucx/am_rma.hpp"
 #include "net/ucx/ucp.hpp"
 
 namespace ferry::net::ucx {
@@ -56,6 +64,7 @@ namespace {
 constexpr unsigned kAmKeyRequest = 1;  // header: KeyRequest; no data
 constexpr unsigned kAmKeyReply = 2;    // header: KeyReply; data: the packed rkey
 constexpr unsigned kAmNotify = 3;      // header: Notify; no data
+constexpr unsigned kAmData = 4;        // no header; data: one ferry message
 
 struct KeyRequest {
   std::int32_t from;
@@ -90,20 +99,28 @@ struct OpState {
   UcxTransport* transport;  // for the callbacks, whose user data is the context
   std::int32_t rank;
   std::int32_t kind;  // OpKindUcx
-  std::uint64_t data;    // put_data: the notification's data
-  std::uint64_t length;  // put_data: bytes written
-  void* request;         // a receive's UCX request, meaningful while not done (poll lock holder only)
-  detail::OpContext* next;  // posted receives, in posting order (poll lock holder only)
+  std::uint64_t data;    // put_data: the notification's data; a receive: its buffer's capacity
+  std::uint64_t length;  // put_data: bytes written; a receive: bytes received, once done
+  void* buffer;          // a receive's buffer
+  detail::OpContext* next;  // posted receives, in posting order (written under the receive lock)
   std::int32_t error;       // a receive's outcome, once done
-  // A receive's completion flag, through done_flag(). Its callback may run on any thread that
-  // enters UCX: under the lockless model a send to this rank over UCX's self transport
-  // completes the receive inside the sender's call, beside the poll lock holder reading it.
-  // The callback writes rank, length and error, then done with release; the poll reads done
-  // with acquire before them.
+  // A receive's completion flag, through done_flag(). The data callback that fills it may run
+  // on any thread that enters UCX: under the lockless model a send to this rank over UCX's
+  // self transport runs it inside the sender's call, beside the poll lock holder reading it.
+  // The callback writes length and error, then done with release; the poll reads done with
+  // acquire before them.
   std::int32_t done;
 };
 static_assert(sizeof(OpState) <= detail::OpContext::kBackendBytes);
 enum OpKindUcx : std::int32_t { op_send = 0, op_recv = 1, op_put = 2, op_put_data = 3, op_get = 4 };
+
+// A message that arrived while no receive was posted: UCX's descriptor (released with
+// ucp_am_data_release) or ferry's copy.
+struct Held {
+  void* data;
+  std::size_t length;
+  bool copy;
+};
 
 inline OpState& state(detail::OpContext* c) noexcept { return *reinterpret_cast<OpState*>(c->backend); }
 inline std::atomic_ref<std::int32_t> done_flag(OpState& st) noexcept { return std::atomic_ref<std::int32_t>(st.done); }
@@ -141,6 +158,11 @@ class UcxTransport final : public Transport {
     set_am_handler(kAmKeyRequest, &UcxTransport::on_key_request);
     set_am_handler(kAmKeyReply, &UcxTransport::on_key_reply);
     set_am_handler(kAmNotify, &UcxTransport::on_notify);
+    set_am_handler(kAmData, &UcxTransport::on_data);
+    set_am_handler(kAmPut, &UcxTransport::on_put);
+    set_am_handler(kAmGet, &UcxTransport::on_get);
+    set_am_handler(kAmGetReply, &UcxTransport::on_get_reply);
+    set_am_handler(kAmPutAck, &UcxTransport::on_put_ack);
     caps_.name = "ucx";
     caps_.inject_size = kInjectSize;
     caps_.max_msg_size = std::size_t{1} << 30;
@@ -150,7 +172,7 @@ class UcxTransport final : public Transport {
     caps_.rma_virtual_address = true;
     caps_.local_registration = false;
     caps_.remote_data_consumes_recv = false;
-    caps_.reports_source = true;
+    caps_.reports_source = false;  // the data callback does not learn the sender (no UCP header)
   }
 
   ~UcxTransport() override { close(); }
@@ -175,6 +197,8 @@ class UcxTransport final : public Transport {
   void connect(const std::vector<std::string>& addresses) override {
     const std::vector<bool>& away = away_;
     eps_ = std::vector<std::atomic<ucp_ep_h>>(addresses.size());
+    am_rma_.assign(addresses.size(), 0);
+    pieces_to_.assign(addresses.size(), 0);
     for (std::size_t r = 0; r < addresses.size(); ++r) {
       const std::string& text = addresses[r];
       if (text.empty()) continue;
@@ -199,6 +223,9 @@ class UcxTransport final : public Transport {
       const ucs_status_t s = ucp_ep_create(worker_, &ep, &handle);
       if (s != UCS_OK) throw Error("ucx: endpoint to rank " + std::to_string(r) + ": " + ucs_error("ucp_ep_create", s));
       eps_[r].store(handle, std::memory_order_relaxed);  // published to posts by the job's bootstrap fence
+      // UCX's own RMA only where the endpoint has an RMA lane; elsewhere UCX would emulate it
+      // in software, with an abort when a requester dies (am_rma.hpp).
+      am_rma_[r] = has_rma_lane(handle) ? 0 : 1;
     }
   }
 
@@ -209,18 +236,19 @@ class UcxTransport final : public Transport {
     ucp_ep_h ep = hold.get();
     if (__builtin_expect(ep == nullptr, 0)) return hold.refused();
     ucp_request_param_t p;
-    p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
-    void* r = ucp_tag_send_nbx(ep, buf, len, tag_of(rank_), &p);
+    p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL | UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_EAGER;
+    void* r = ucp_am_send_nbx(ep, kAmData, nullptr, 0, buf, len, &p);
     if (__builtin_expect(r == nullptr, 1)) return 0;
     if (UCS_PTR_STATUS(r) != UCS_ERR_NO_RESOURCE) return to_errno(UCS_PTR_STATUS(r));
     // Not inline: from a bounce buffer the send's callback returns.
     unsigned char* slot = nullptr;
     if (len > kInjectSize || !free_bounce_.try_pop(slot)) return -EAGAIN;
     if (len != 0) std::memcpy(slot + kBounceHead, buf, len);  // buf may be null when len is 0
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     p.cb.send = &UcxTransport::on_bounce_sent;
     p.user_data = slot;
-    r = ucp_tag_send_nbx(ep, slot + kBounceHead, len, tag_of(rank_), &p);
+    r = ucp_am_send_nbx(ep, kAmData, nullptr, 0, slot + kBounceHead, len, &p);
     if (r == nullptr || UCS_PTR_IS_ERR(r)) {
       free_bounce_.try_push(slot);
       return r == nullptr ? 0 : to_errno(UCS_PTR_STATUS(r));
@@ -233,30 +261,38 @@ class UcxTransport final : public Transport {
     ucp_ep_h ep = hold.get();
     if (__builtin_expect(ep == nullptr, 0)) return hold.refused();
     ucp_request_param_t p = tracked(ctx, rank, op_send);
-    return posted(ctx, rank, ucp_tag_send_nbx(ep, buf, len, tag_of(rank_), &p));
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_EAGER;
+    return posted(ctx, rank, ucp_am_send_nbx(ep, kAmData, nullptr, 0, buf, len, &p));
   }
 
+  // The oldest held message, if any, fills the receive at once; otherwise it waits for the
+  // data callback (on_data).
   int post_recv(void* buf, std::size_t len, void*, detail::OpContext* ctx) override {
     OpState& st = state(ctx);
     st.transport = this;
     st.rank = -1;
     st.kind = op_recv;
     st.next = nullptr;
-    done_flag(st).store(0, std::memory_order_relaxed);  // published to the callback by the post below
+    st.buffer = buf;
+    st.data = len;
+    st.length = 0;
     st.error = 0;
-    st.request = nullptr;
-    ucp_request_param_t p;
-    // No immediate completion: UCX 1.13 returned UCS_OK for some receives of messages already
-    // waiting without filling recv_info (the tcp stress runs), so every receive completes
-    // through its callback, which then may run inside this call.
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-    p.cb.recv = &UcxTransport::on_received;
-    p.user_data = ctx;
-    void* r = ucp_tag_recv_nbx(worker_, buf, len, 0, 0, &p);
-    if (UCS_PTR_IS_ERR(r)) return to_errno(UCS_PTR_STATUS(r));
-    st.request = r;  // read only while the receive is not done (its callback frees it)
-    if (recv_tail_ != nullptr) state(recv_tail_).next = ctx; else recv_head_ = ctx;
-    recv_tail_ = ctx;
+    done_flag(st).store(0, std::memory_order_relaxed);  // published by the receive lock or the poll's own thread
+    Held taken{};
+    {
+      const RecvGuard g(*this);
+      if (!held_.empty()) {
+        taken = held_.front();
+        held_.pop_front();
+        fill(ctx, taken.data, taken.length);
+      } else if (fill_ == nullptr) {
+        fill_ = ctx;
+      }
+      if (recv_tail_ != nullptr) state(recv_tail_).next = ctx; else recv_head_ = ctx;
+      recv_tail_ = ctx;
+    }
+    if (taken.data != nullptr) release(taken);  // a UCX call: outside the receive lock
     return 0;
   }
 
@@ -274,6 +310,7 @@ class UcxTransport final : public Transport {
     const EpHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
     if (ep == nullptr) return hold.refused();
+    if (am_rma(rank)) return am_put(rank, ep, buf, len, addr, key, nullptr, op_put, 0);
     ucp_rkey_h rkey = nullptr;
     if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;
     unsigned char* slot = nullptr;
@@ -295,13 +332,14 @@ class UcxTransport final : public Transport {
     const EpHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
     if (ep == nullptr) return hold.refused();
+    if (am_rma(rank)) return am_get(rank, ep, buf, len, addr, key, ctx);
     ucp_rkey_h rkey = nullptr;
     if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;
     ucp_request_param_t p = tracked(ctx, rank, op_get);
     return posted(ctx, rank, ucp_get_nbx(ep, buf, len, addr, rkey, &p));
   }
 
-  Registration* register_memory(const void* buf, std::size_t len, Access) override {
+  Registration* register_memory(const void* buf, std::size_t len, Access access) override {
     ucp_mem_map_params_t mp{};
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     mp.address = const_cast<void*>(buf);
@@ -328,7 +366,8 @@ class UcxTransport final : public Transport {
     const std::uint64_t key = next_key_.fetch_add(1, std::memory_order_relaxed);
     {
       std::lock_guard<detail::SpinLock> g(packed_lock_);
-      packed_.emplace(key, std::string(static_cast<const char*>(packed), packed_len));
+      packed_.emplace(key, Region{reinterpret_cast<std::uintptr_t>(buf), len, access,
+                                  std::string(static_cast<const char*>(packed), packed_len)});
     }
     ucp_rkey_buffer_release(packed);
     return new UcxRegistration(context_, memh, key);
@@ -350,6 +389,7 @@ class UcxTransport final : public Transport {
     }
     ucp_worker_progress(worker_);
     if (__builtin_expect(!replies_.empty(), 0)) send_replies();
+    if (__builtin_expect(answers_waiting_.load(std::memory_order_acquire), 0)) send_answers();
     int n = 0;
     // Receives in posting order: UCP matches each message to the oldest posted receive, but a
     // message of several fragments completes after a later one-fragment message; reporting
@@ -380,18 +420,15 @@ class UcxTransport final : public Transport {
   }
 
   void cancel_all() noexcept override {
-    for (detail::OpContext* c = recv_head_; c != nullptr; c = state(c).next) {
-      if (done_flag(state(c)).load(std::memory_order_acquire) == 0) ucp_request_cancel(worker_, state(c).request);
+    // Messages that arrive from now on are dropped: the posted buffers are about to go.
+    std::deque<Held> held;
+    {
+      const RecvGuard g(*this);
+      receiving_ = false;
+      fill_ = recv_head_ = recv_tail_ = nullptr;
+      held.swap(held_);
     }
-    // The cancelled receives' callbacks run in progress; their events are not delivered.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    auto pending = [&] {
-      for (detail::OpContext* c = recv_head_; c != nullptr; c = state(c).next)
-        if (done_flag(state(c)).load(std::memory_order_acquire) == 0) return true;
-      return false;
-    };
-    while (pending() && std::chrono::steady_clock::now() < deadline) ucp_worker_progress(worker_);
-    recv_head_ = recv_tail_ = nullptr;
+    for (const Held& h : held) release(h);
   }
 
   void close() noexcept override {
@@ -419,7 +456,7 @@ class UcxTransport final : public Transport {
     }
     for (int i = 0; i < 100 && ucp_worker_progress(worker_) != 0; ++i) {
     }
-    drain_unexpected();
+    cancel_all();  // releases what arrived after the last receive
     for (auto& [k, rkey] : rkeys_) ucp_rkey_destroy(rkey);
     rkeys_.clear();
     // What is still queued (sends to a failed peer, whose endpoint UCX keeps until now) is
@@ -440,6 +477,16 @@ class UcxTransport final : public Transport {
   void peer_failed(int rank) override {
     if (rank < 0 || static_cast<std::size_t>(rank) >= eps_.size()) return;
     rma_.peer_failed(rank);
+    {
+      // No answer will come: the tracker reports their operations abandoned after its grace.
+      std::lock_guard<detail::SpinLock> g(ops_.lock());
+      ops_.each_to(rank, [&](RmaOps::Op& op) {
+        op.awaiting = false;
+        op.finished = true;
+        ops_.uncount(&op);
+        ops_.settle(&op);
+      });
+    }
     // Posts that took a hold on the endpoint before the exchange finish their UCX calls
     // first; later ones see no endpoint (EpHold). A hold lasts one non-blocking post.
     // Seq_cst, as retire_wait requires (peer_failed is rare).
@@ -458,36 +505,6 @@ class UcxTransport final : public Transport {
   }
 
  private:
-  // Teardown: messages that arrived after the last receive was cancelled (a peer's final
-  // traffic) are taken and dropped, so the worker goes with nothing unmatched.
-  void drain_unexpected() noexcept {
-    std::vector<unsigned char> sink;
-    for (int i = 0; i < 100000; ++i) {
-      ucp_tag_recv_info_t info;
-      ucp_tag_message_h m = ucp_tag_probe_nb(worker_, 0, 0, 1, &info);
-      if (m == nullptr) {
-        if (ucp_worker_progress(worker_) == 0) return;
-        continue;
-      }
-      try {
-        sink.resize(std::max<std::size_t>(info.length, 1));
-      } catch (...) {
-        return;
-      }
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
-      p.cb.recv = [](void*, ucs_status_t, const ucp_tag_recv_info_t*, void*) {};
-      void* r = ucp_tag_msg_recv_nbx(worker_, sink.data(), info.length, m, &p);
-      if (!UCS_PTR_IS_PTR(r)) continue;
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-      while (ucp_request_check_status(r) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline) {
-        ucp_worker_progress(worker_);
-      }
-      if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(worker_, r);
-      ucp_request_free(r);
-    }
-  }
-
   // A tracked completion (a queued send, an RMA operation) leaves the tracking; false when its
   // operation was reported abandoned already (the event is dropped).
   bool settled(const Event& e) noexcept {
@@ -551,7 +568,6 @@ class UcxTransport final : public Transport {
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     return -1;
   }
-  static ucp_tag_t tag_of(int rank) noexcept { return static_cast<ucp_tag_t>(static_cast<std::uint32_t>(rank)); }
 
   static Event completed(detail::OpContext* ctx, int rank, int error) noexcept {
     Event e;
@@ -601,18 +617,58 @@ class UcxTransport final : public Transport {
     state(ctx).transport->push(completed(ctx, state(ctx).rank, to_errno(status)));
     ucp_request_free(request);
   }
-  static void on_received(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
-    if (tearing_down_ != nullptr) {
-      ucp_request_free(request);
-      return;
+  // A ferry message, whole (its sender sends eagerly): into the oldest posted receive, or held
+  // until one is posted.
+  static ucs_status_t on_data(void* arg, const void*, std::size_t header_length, void* data, std::size_t length,
+                              const ucp_am_recv_param_t* param) {
+    auto* t = static_cast<UcxTransport*>(arg);
+    if (tearing_down_ != nullptr) return UCS_OK;
+    if (__builtin_expect((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0 || header_length != 0, 0)) {
+      // Not from a ferry peer, which sends eagerly and without a header: dropped, said once.
+      if (!t->foreign_logged_.exchange(true, std::memory_order_relaxed)) {
+        FERRY_LOG(warn, "ucx: dropped a message of %zu bytes that no ferry peer sends (%s, %zu header bytes)", length,
+                  (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0 ? "rendezvous" : "eager", header_length);
+      }
+      return UCS_OK;  // a rendezvous one is declined by returning (UCX answers its sender)
     }
-    OpState& st = state(static_cast<detail::OpContext*>(user));
-    st.rank = static_cast<std::int32_t>(info->sender_tag & 0xFFFFFFFFu);
-    st.length = info->length;
-    st.error = to_errno(status);
-    done_flag(st).store(1, std::memory_order_release);
-    ucp_request_free(request);
+    const RecvGuard g(*t);
+    if (__builtin_expect(t->fill_ != nullptr, 1)) {
+      detail::OpContext* c = t->fill_;
+      t->fill_ = state(c).next;  // before fill(): once done, the poll may hand c back to the core
+      t->fill(c, data, length);
+      return UCS_OK;
+    }
+    if (!t->receiving_) return UCS_OK;  // torn down: dropped
+    // No receive posted: held, as UCX's own descriptor where UCX allows it, else as a copy.
+    const bool keep = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0;
+    Held h{data, length, !keep};
+    try {
+      if (!keep) {
+        auto* copy = new unsigned char[std::max<std::size_t>(length, 1)];
+        if (length != 0) std::memcpy(copy, data, length);
+        h.data = copy;
+      }
+      t->held_.push_back(h);
+    } catch (...) {
+      if (!keep) delete[] static_cast<unsigned char*>(h.data);
+      FERRY_LOG(error, "ucx: a message of %zu bytes was lost (out of memory while no receive was posted)", length);
+      return UCS_OK;
+    }
+    return keep ? UCS_INPROGRESS : UCS_OK;
   }
+  // Under the receive lock: `length` bytes into receive c, which is done after it.
+  void fill(detail::OpContext* c, const void* data, std::size_t length) noexcept {
+    OpState& st = state(c);
+    const std::size_t n = std::min<std::size_t>(length, st.data);
+    if (n != 0) std::memcpy(st.buffer, data, n);
+    st.length = n;
+    st.error = length > st.data ? -EMSGSIZE : 0;
+    done_flag(st).store(1, std::memory_order_release);
+  }
+  void release(const Held& h) noexcept {
+    if (h.copy) delete[] static_cast<unsigned char*>(h.data); else ucp_am_data_release(worker_, h.data);
+  }
+
   static void on_bounce_sent(void* request, ucs_status_t, void* user) {
     auto* slot = static_cast<unsigned char*>(user);
     UcxTransport* t = nullptr;
@@ -682,7 +738,7 @@ class UcxTransport final : public Transport {
         std::lock_guard<detail::SpinLock> g(packed_lock_);
         if (auto it = packed_.find(q.key); it != packed_.end()) {
           out->head.found = 1;
-          out->packed = it->second;
+          out->packed = it->second.packed;
         }
       }
       ucp_request_param_t p;
@@ -727,6 +783,7 @@ class UcxTransport final : public Transport {
     const EpHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
     if (ep == nullptr) return hold.refused();
+    if (am_rma(rank)) return am_put(rank, ep, buf, len, addr, key, ctx, kind, data);
     ucp_rkey_h rkey = nullptr;
     if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;
     OpState& st = state(ctx);
@@ -804,6 +861,392 @@ class UcxTransport final : public Transport {
     return UCS_OK;
   }
 
+  // ---- RMA over active messages (am_rma.hpp), to peers whose endpoint has no RMA lane ----
+  bool am_rma(int rank) const noexcept { return am_rma_[static_cast<std::size_t>(rank)] != 0; }
+
+  // put and put_data (ctx set), inject_put (ctx null: its bytes copied into the slot, no event).
+  int am_put(int rank, ucp_ep_h ep, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key,
+             detail::OpContext* ctx, OpKindUcx kind, std::uint64_t data) {
+    const bool inject = ctx == nullptr;
+    if (inject && len > RmaOps::kInline) return -EMSGSIZE;
+    RmaOps::Op* op = nullptr;
+    {
+      std::lock_guard<detail::SpinLock> g(ops_.lock());
+      op = ops_.claim(ctx, rank, !inject);
+      if (op == nullptr) return -EAGAIN;
+      const std::uint32_t flags = inject ? 0u : (put_ack | (kind == op_put_data ? put_notify : 0u));
+      op->head.put = PutHeader{rank_, flags, op->id, addr, key, len, data};
+      op->finished = inject;
+      if (inject && len != 0) std::memcpy(op->bytes, buf, len);  // buf may be null when len is 0
+    }
+    if (!inject) {
+      OpState& st = state(ctx);
+      st.transport = this;
+      st.rank = rank;
+      st.kind = kind;
+      rma_.track(ctx, rank);
+    }
+    ucp_request_param_t p;
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = rma_send_flags(rank, inject);
+    p.cb.send = &UcxTransport::on_rma_sent;
+    p.user_data = op;  // its slot stays while the send is outstanding
+    return am_posted(op, ucp_am_send_nbx(ep, kAmPut, &op->head.put, sizeof(PutHeader), inject ? op->bytes : buf, len, &p));
+  }
+  int am_get(int rank, ucp_ep_h ep, void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key,
+             detail::OpContext* ctx) {
+    RmaOps::Op* op = nullptr;
+    {
+      std::lock_guard<detail::SpinLock> g(ops_.lock());
+      // At most kGetWindow bytes of gets in flight (at least one get): the core takes a receive
+      // block per rendezvous read it starts, and a window of them all at once is memory out of
+      // cache by the time the application reads it.
+      if (ops_.getting != 0 && ops_.getting + len > kGetWindow) return -EAGAIN;
+      op = ops_.claim(ctx, rank, true);
+      if (op == nullptr) return -EAGAIN;
+      ops_.getting += len;
+      op->head.get = GetHeader{rank_, 0, op->id, addr, key, len};
+      op->buffer = buf;
+      op->length = len;
+      op->counted = true;
+    }
+    OpState& st = state(ctx);
+    st.transport = this;
+    st.rank = rank;
+    st.kind = op_get;
+    rma_.track(ctx, rank);
+    ucp_request_param_t p;
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_EAGER;
+    p.cb.send = &UcxTransport::on_rma_sent;
+    p.user_data = op;
+    return am_posted(op, ucp_am_send_nbx(ep, kAmGet, &op->head.get, sizeof(GetHeader), nullptr, 0, &p));
+  }
+  // A refused send leaves no trace; one done at once is as if its callback ran.
+  int am_posted(RmaOps::Op* op, void* r) {
+    if (r == nullptr) {
+      rma_sent(op, UCS_OK);
+      return 0;
+    }
+    if (UCS_PTR_IS_ERR(r)) {
+      detail::OpContext* ctx = nullptr;
+      {
+        std::lock_guard<detail::SpinLock> g(ops_.lock());
+        ctx = op->ctx;
+        op->sending = op->awaiting = false;
+        op->finished = true;
+        ops_.settle(op);
+      }
+      if (ctx != nullptr) rma_.untrack(ctx);
+      return to_errno(UCS_PTR_STATUS(r));
+    }
+    return 0;
+  }
+  static void on_rma_sent(void* request, ucs_status_t status, void* user) {
+    if (tearing_down_ == nullptr) {
+      auto* op = static_cast<RmaOps::Op*>(user);
+      static_cast<UcxTransport*>(op->owner)->rma_sent(op, status);
+    }
+    ucp_request_free(request);
+  }
+  void rma_sent(RmaOps::Op* op, ucs_status_t status) noexcept {
+    Event e;
+    bool report = false;
+    {
+      std::lock_guard<detail::SpinLock> g(ops_.lock());
+      op->sending = false;
+      if (status != UCS_OK && !op->finished) {
+        // Not delivered: no answer will come.
+        op->finished = true;
+        op->awaiting = false;
+        e = completed(op->ctx, op->rank, to_errno(status));
+        report = true;
+      }
+      ops_.settle(op);
+    }
+    if (report) push(e);
+  }
+  // How an RMA message's bytes travel: eagerly (copied through UCX's queues) to a peer on this
+  // host, whose endpoint has no peer error mode: UCX's rendezvous there reads or writes the
+  // other process's memory by cross-memory attach, and UCX 1.13 aborts when that process is
+  // gone. To a peer on another host (peer error mode) as UCX chooses, zero-copy for large ones.
+  std::uint32_t rma_send_flags(int rank, bool small) const noexcept {
+    return small || !away(rank) ? UCP_AM_SEND_FLAG_EAGER : 0;
+  }
+  bool away(int rank) const noexcept {
+    return static_cast<std::size_t>(rank) < away_.size() && away_[static_cast<std::size_t>(rank)];
+  }
+  // An answer's error from the wire: a negative errno value, or -EIO.
+  static int wire_error(std::int32_t error) noexcept { return error <= 0 && error > -4096 ? error : -EIO; }
+
+  static ucs_status_t on_put_ack(void* arg, const void* header, std::size_t header_length, void*, std::size_t,
+                                 const ucp_am_recv_param_t*) {
+    auto* t = static_cast<UcxTransport*>(arg);
+    if (tearing_down_ != nullptr || header_length != sizeof(RmaReply)) return UCS_OK;
+    RmaReply a;
+    std::memcpy(&a, header, sizeof(a));
+    Event e;
+    {
+      std::lock_guard<detail::SpinLock> g(t->ops_.lock());
+      RmaOps::Op* op = t->ops_.find(a.id);
+      if (op == nullptr || op->rank != a.from || !op->awaiting || op->ctx == nullptr) return UCS_OK;  // stale or not ours
+      op->awaiting = false;
+      const bool report = !op->finished;
+      op->finished = true;
+      e = completed(op->ctx, op->rank, wire_error(a.error));
+      t->ops_.settle(op);
+      if (!report) return UCS_OK;
+    }
+    t->push(e);
+    return UCS_OK;
+  }
+  // A get's answer: its bytes whole (rendezvous, or one eager message), or one of its pieces
+  // (kGetPiece, in order); the get is done when every byte is in place.
+  static ucs_status_t on_get_reply(void* arg, const void* header, std::size_t header_length, void* data, std::size_t length,
+                                   const ucp_am_recv_param_t* param) {
+    auto* t = static_cast<UcxTransport*>(arg);
+    // Declining a rendezvous one is returning without receiving it (UCX answers its sender).
+    if (tearing_down_ != nullptr || header_length != sizeof(RmaReply)) return UCS_OK;
+    RmaReply a;
+    std::memcpy(&a, header, sizeof(a));
+    const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    detail::OpContext* ctx = nullptr;
+    unsigned char* buffer = nullptr;
+    int rank = -1;
+    int error = wire_error(a.error);
+    bool last = false;
+    {
+      std::lock_guard<detail::SpinLock> g(t->ops_.lock());
+      RmaOps::Op* op = t->ops_.find(a.id);
+      if (op == nullptr || op->rank != a.from || !op->awaiting || op->ctx == nullptr) return UCS_OK;  // stale or not ours
+      ctx = op->ctx;
+      rank = op->rank;
+      buffer = static_cast<unsigned char*>(op->buffer);
+      // The piece must continue the get where the last one ended and stay inside it (bytes
+      // from the wire); a rendezvous answer is the whole.
+      if (error == 0 && (a.offset != op->received || length > op->length - op->received || (rndv && length != op->length))) {
+        error = -EIO;
+      }
+      if (error == 0 && !rndv) op->received += length;
+      last = error != 0 || rndv || op->received == op->length;
+      if (last) {
+        op->awaiting = false;
+        if (op->finished) {  // reported already (its request failed to send): nothing more
+          t->ops_.settle(op);
+          return UCS_OK;
+        }
+        op->finished = true;
+        t->ops_.settle(op);
+      }
+    }
+    // The destination is the core's until the get's event, and only this callback writes it.
+    if (error == 0 && !rndv && length != 0) std::memcpy(buffer + a.offset, data, length);
+    if (!last) return UCS_OK;
+    if (error != 0 || !rndv) {
+      t->push(completed(ctx, rank, error));
+      return UCS_OK;
+    }
+    // Rendezvous: UCX moves the bytes into the destination (zero-copy where it can).
+    ucp_request_param_t p;
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.recv_am = &UcxTransport::on_get_data;
+    p.user_data = ctx;
+    void* r = ucp_am_recv_data_nbx(t->worker_, data, buffer, length, &p);
+    if (r == nullptr) t->push(completed(ctx, rank, 0));
+    else if (UCS_PTR_IS_ERR(r)) t->push(completed(ctx, rank, to_errno(UCS_PTR_STATUS(r))));
+    return UCS_OK;
+  }
+  static void on_get_data(void* request, ucs_status_t status, std::size_t, void* user) {
+    if (tearing_down_ == nullptr) {
+      auto* ctx = static_cast<detail::OpContext*>(user);
+      state(ctx).transport->push(completed(ctx, state(ctx).rank, to_errno(status)));
+    }
+    ucp_request_free(request);
+  }
+
+  // The target's side. A request names a registration of this rank's, a range and what it
+  // wants; it is checked before any byte moves (a failed check answers -EINVAL).
+  bool region_allows(std::uint64_t key, std::uint64_t addr, std::uint64_t length, Access want) {
+    std::lock_guard<detail::SpinLock> g(packed_lock_);
+    const auto it = packed_.find(key);
+    if (it == packed_.end() || !has(it->second.access, want)) return false;
+    const Region& r = it->second;
+    return addr >= r.base && length <= r.length && addr - r.base <= r.length - length;
+  }
+  void refused_request(const char* what, int from, std::uint64_t key, std::uint64_t addr, std::uint64_t length) {
+    if (refused_logged_.exchange(true, std::memory_order_relaxed)) return;
+    FERRY_LOG(warn, "ucx: refused a %s from rank %d of %llu bytes at %#llx with key %llu: no such registration, range or access here (said once)",
+              what, from, static_cast<unsigned long long>(length), static_cast<unsigned long long>(addr),
+              static_cast<unsigned long long>(key));
+  }
+  static ucs_status_t on_put(void* arg, const void* header, std::size_t header_length, void* data, std::size_t length,
+                             const ucp_am_recv_param_t* param) {
+    auto* t = static_cast<UcxTransport*>(arg);
+    if (tearing_down_ != nullptr || header_length != sizeof(PutHeader)) return UCS_OK;
+    PutHeader h;
+    std::memcpy(&h, header, sizeof(h));
+    if (h.from < 0 || static_cast<std::size_t>(h.from) >= t->eps_.size()) return UCS_OK;
+    if (length != h.length || !t->region_allows(h.key, h.addr, h.length, Access::remote_write)) {
+      t->refused_request("put", h.from, h.key, h.addr, h.length);
+      t->put_done(h, -EINVAL);
+      return UCS_OK;
+    }
+    if (length == 0 || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
+      if (length != 0) std::memcpy(reinterpret_cast<void*>(h.addr), data, length);
+      t->put_done(h, 0);
+      return UCS_OK;
+    }
+    auto* pending = new (std::nothrow) PendingPut{t, h};  // rendezvous-sized: one allocation is small beside it
+    if (pending == nullptr) {
+      t->put_done(h, -ENOMEM);
+      return UCS_OK;
+    }
+    ucp_request_param_t p;
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.recv_am = &UcxTransport::on_put_data;
+    p.user_data = pending;
+    void* r = ucp_am_recv_data_nbx(t->worker_, data, reinterpret_cast<void*>(h.addr), length, &p);
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+      t->put_done(h, r == nullptr ? 0 : to_errno(UCS_PTR_STATUS(r)));
+      delete pending;
+    }
+    return UCS_OK;
+  }
+  static void on_put_data(void* request, ucs_status_t status, std::size_t, void* user) {
+    auto* pending = static_cast<PendingPut*>(user);
+    if (tearing_down_ == nullptr) static_cast<UcxTransport*>(pending->transport)->put_done(pending->head, to_errno(status));
+    delete pending;
+    ucp_request_free(request);
+  }
+  // A put's bytes are in place (or refused): its notification, then its acknowledgement.
+  void put_done(const PutHeader& h, int error) noexcept {
+    if (error == 0 && (h.flags & put_notify) != 0) {
+      Event e = completed(nullptr, h.from, 0);
+      e.remote_write = true;
+      e.data = h.data;
+      e.length = static_cast<std::size_t>(h.length);
+      push(e);
+    }
+    if ((h.flags & put_ack) != 0) answer(Answer{kAmPutAck, h.from, RmaReply{rank_, error, h.id, 0}, 0, 0});
+  }
+  static ucs_status_t on_get(void* arg, const void* header, std::size_t header_length, void*, std::size_t,
+                             const ucp_am_recv_param_t*) {
+    auto* t = static_cast<UcxTransport*>(arg);
+    if (tearing_down_ != nullptr || header_length != sizeof(GetHeader)) return UCS_OK;
+    GetHeader q;
+    std::memcpy(&q, header, sizeof(q));
+    if (q.from < 0 || static_cast<std::size_t>(q.from) >= t->eps_.size()) return UCS_OK;
+    if (!t->region_allows(q.key, q.addr, q.length, Access::remote_read)) {
+      t->refused_request("get", q.from, q.key, q.addr, q.length);
+      t->answer(Answer{kAmGetReply, q.from, RmaReply{t->rank_, -EINVAL, q.id, 0}, 0, 0});
+      return UCS_OK;
+    }
+    t->answer(Answer{kAmGetReply, q.from, RmaReply{t->rank_, 0, q.id, 0}, q.addr, q.length});
+    return UCS_OK;
+  }
+  // Answers wait for the poll (callbacks may run on any thread, and send nothing themselves).
+  void answer(const Answer& a) noexcept {
+    std::lock_guard<detail::SpinLock> g(answers_lock_);
+    try {
+      answers_.push_back(a);
+    } catch (...) {
+      FERRY_LOG(error, "ucx: an answer to rank %d was lost (out of memory)", a.to);
+      return;
+    }
+    answers_waiting_.store(true, std::memory_order_release);
+  }
+  // The poll lock holder, after progress; answers UCX cannot take now wait for the next poll,
+  // in order. To a peer on this host each goes as eager messages that UCX completes in the call
+  // (a get's bytes in kGetPiece pieces), at most kPieces in flight, their headers in a fixed
+  // pool: no allocation, and UCX's queue is not flooded by a window of large gets.
+  // To a peer on another host as UCX chooses (large get answers by its zero-copy rendezvous).
+  // A send that fails (the requester died) is UCX's error, not an abort.
+  void send_answers() {
+    {
+      std::lock_guard<detail::SpinLock> g(answers_lock_);
+      try {
+        answers_backlog_.insert(answers_backlog_.end(), answers_.begin(), answers_.end());
+      } catch (...) {
+        FERRY_LOG(error, "ucx: %zu answers to peers were lost (out of memory)", answers_.size());
+      }
+      answers_.clear();
+      answers_waiting_.store(false, std::memory_order_relaxed);  // under the lock, as the stores that set it
+    }
+    // In order; one that finds no room waits for the next poll (with every later one to its peer).
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < answers_backlog_.size(); ++i) {
+      if (!send_answer(answers_backlog_[i])) answers_backlog_[kept++] = answers_backlog_[i];
+    }
+    answers_backlog_.resize(kept);
+    if (kept != 0) answers_waiting_.store(true, std::memory_order_relaxed);  // the next poll tries again
+  }
+  // False when UCX has no room now (a's offset says how far it got).
+  bool send_answer(Answer& a) {
+    ucp_ep_h ep = ep_of(a.to);
+    if (ep == nullptr) return true;  // failed meanwhile: nobody to answer
+    ucp_request_param_t p;
+    if (away(a.to) && a.am == kAmGetReply) {
+      auto* head = new (std::nothrow) RmaReply(a.reply);
+      if (head == nullptr) return false;
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      p.cb.send = [](void* r, ucs_status_t, void* u) {
+        delete static_cast<RmaReply*>(u);
+        ucp_request_free(r);
+      };
+      p.user_data = head;
+      void* r = ucp_am_send_nbx(ep, a.am, head, sizeof(RmaReply), reinterpret_cast<const void*>(a.addr), a.length, &p);
+      if (r == nullptr || UCS_PTR_IS_ERR(r)) delete head;
+      return true;
+    }
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_EAGER;
+    p.cb.send = &UcxTransport::on_piece_sent;
+    do {
+      Piece* piece = take_piece(a.to);
+      if (piece == nullptr) return false;  // kPieces in flight to it: the rest next poll
+      const std::uint64_t n = std::min<std::uint64_t>(kGetPiece, a.length - a.reply.offset);
+      piece->head = a.reply;
+      p.user_data = piece;
+      void* r = ucp_am_send_nbx(ep, a.am, &piece->head, sizeof(RmaReply), reinterpret_cast<const void*>(a.addr + a.reply.offset), n, &p);
+      if (r == nullptr || UCS_PTR_IS_ERR(r)) give_piece(piece);
+      if (UCS_PTR_IS_ERR(r)) return true;  // the requester is gone
+      a.reply.offset += n;
+    } while (a.reply.offset < a.length);
+    return true;
+  }
+  // A header for a piece to `to`, or null while kPieces are in flight to it. The pool grows
+  // as needed (large RMA answers only), to at most kPieces per peer answered at once.
+  Piece* take_piece(int to) noexcept {
+    std::lock_guard<detail::SpinLock> g(pieces_lock_);
+    std::uint32_t& busy = pieces_to_[static_cast<std::size_t>(to)];
+    if (busy >= kPieces) return nullptr;
+    if (free_pieces_.empty()) {
+      try {
+        piece_store_.push_back(std::make_unique<Piece>(Piece{this, -1, {}}));
+        free_pieces_.reserve(piece_store_.size());  // give_piece never allocates
+      } catch (...) {
+        if (piece_store_.size() > free_pieces_.capacity()) piece_store_.pop_back();
+        return nullptr;
+      }
+      free_pieces_.push_back(piece_store_.back().get());
+    }
+    Piece* piece = free_pieces_.back();
+    free_pieces_.pop_back();
+    piece->to = to;
+    ++busy;
+    return piece;
+  }
+  void give_piece(Piece* piece) noexcept {
+    std::lock_guard<detail::SpinLock> g(pieces_lock_);
+    --pieces_to_[static_cast<std::size_t>(piece->to)];
+    free_pieces_.push_back(piece);  // capacity reserved for every piece: no allocation
+  }
+  static void on_piece_sent(void* request, ucs_status_t, void* user) {
+    auto* piece = static_cast<Piece*>(user);
+    static_cast<UcxTransport*>(piece->owner)->give_piece(piece);
+    ucp_request_free(request);
+  }
+
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
     auto* t = static_cast<UcxTransport*>(arg);
     for (std::size_t r = 0; r < t->eps_.size(); ++r) {
@@ -811,6 +1254,25 @@ class UcxTransport final : public Transport {
       FERRY_LOG(warn, "ucx: the endpoint to rank %zu failed: %s", r, ucs_status_string(status));
     }
   }
+
+  // The receive lock: the data callback and post_recv, under the lockless model only (UCX's
+  // worker then runs callbacks on whichever thread enters it, a sender to this rank over the
+  // self transport say). The other lock models let one thread into the device at a time.
+  // Never held across a UCX call: the callback runs under UCX's worker lock.
+  class RecvGuard {
+   public:
+    explicit RecvGuard(UcxTransport& t) noexcept : lock_(t.multi_ ? &t.recv_lock_ : nullptr) {
+      if (lock_ != nullptr) lock_->lock();
+    }
+    ~RecvGuard() {
+      if (lock_ != nullptr) lock_->unlock();
+    }
+    RecvGuard(const RecvGuard&) = delete;
+    RecvGuard& operator=(const RecvGuard&) = delete;
+
+   private:
+    detail::SpinLock* lock_;
+  };
 
   struct Reply {
     int to;
@@ -839,19 +1301,46 @@ class UcxTransport final : public Transport {
   std::size_t bounce_slots_;
   detail::MpmcRing<unsigned char*> free_bounce_;
   std::unique_ptr<unsigned char[]> bounce_;
-  // Posted receives in posting order (poll lock holder only).
+  // Posted receives in posting order: the poll lock holder takes done ones from the head and
+  // appends (under the receive lock); the data callback fills fill_, the oldest not yet done,
+  // and moves it on (under the receive lock). held_: messages waiting for a receive.
+  detail::SpinLock recv_lock_;
   detail::OpContext* recv_head_ = nullptr;
   detail::OpContext* recv_tail_ = nullptr;
+  detail::OpContext* fill_ = nullptr;
+  std::deque<Held> held_;
+  bool receiving_ = true;  // false after cancel_all
+  std::atomic<bool> foreign_logged_{false};  // a message not from ferry was reported (relaxed: a log flag)
   // Remote keys: unpacked rkeys by (rank, key), the ones asked for, the ones the owner lacks.
   detail::SpinLock rkey_lock_;
   std::unordered_map<std::uint64_t, ucp_rkey_h> rkeys_;
   std::unordered_set<std::uint64_t> requested_;
   std::unordered_set<std::uint64_t> missing_;
-  // This rank's registrations: packed rkeys by key.
+  // This rank's registrations by key: the range, what peers may do with it, the packed rkey.
+  struct Region {
+    std::uintptr_t base;
+    std::size_t length;
+    Access access;
+    std::string packed;
+  };
   detail::SpinLock packed_lock_;
-  std::unordered_map<std::uint64_t, std::string> packed_;
+  std::unordered_map<std::uint64_t, Region> packed_;
   std::atomic<std::uint64_t> next_key_{1};  // only uniqueness matters: relaxed
   std::vector<Reply> replies_;  // poll lock holder
+  // RMA over active messages: by rank, whether the peer gets it (no RMA lane); the
+  // operations in flight; the answers waiting for the poll.
+  std::vector<char> am_rma_;
+  RmaOps ops_{kSendQueue, this};
+  detail::SpinLock answers_lock_;
+  std::vector<Answer> answers_;
+  std::vector<Answer> answers_backlog_;  // poll lock holder: taken from answers_, not yet sent
+  // The headers of answer messages in flight to peers on this host (send_answer).
+  detail::SpinLock pieces_lock_;
+  std::vector<std::unique_ptr<Piece>> piece_store_;
+  std::vector<Piece*> free_pieces_;
+  std::vector<std::uint32_t> pieces_to_;  // by rank: pieces in flight to it
+  std::atomic<bool> answers_waiting_{false};
+  std::atomic<bool> refused_logged_{false};  // a refused request was reported (relaxed: a log flag)
   AbandonTracker rma_;          // queued sends and RMA operations in flight, and a failed peer's given up
   bool closed_ = false;
   // The transport whose worker is being destroyed on this thread (callbacks then only free
