@@ -1201,17 +1201,23 @@ class UcxTransport final : public Transport {
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_AM_SEND_FLAG_EAGER;
     p.cb.send = &UcxTransport::on_piece_sent;
+    // A piece UCX sent in the call is used again for the next: the pool's lock (a full fence,
+    // which waits for the previous piece's copy to drain) is taken only when UCX queues one.
+    Piece* piece = nullptr;
     do {
-      Piece* piece = take_piece(a.to);
-      if (piece == nullptr) return false;  // kPieces in flight to it: the rest next poll
+      if (piece == nullptr && (piece = take_piece(a.to)) == nullptr) return false;  // kPieces in flight to it: next poll
       const std::uint64_t n = std::min<std::uint64_t>(kGetPiece, a.length - a.reply.offset);
       piece->head = a.reply;
       p.user_data = piece;
       void* r = ucp_am_send_nbx(ep, a.am, &piece->head, sizeof(RmaReply), reinterpret_cast<const void*>(a.addr + a.reply.offset), n, &p);
-      if (r == nullptr || UCS_PTR_IS_ERR(r)) give_piece(piece);
-      if (UCS_PTR_IS_ERR(r)) return true;  // the requester is gone
+      if (UCS_PTR_IS_ERR(r)) {
+        give_piece(piece);
+        return true;  // the requester is gone
+      }
+      if (r != nullptr) piece = nullptr;  // UCX holds it until on_piece_sent
       a.reply.offset += n;
     } while (a.reply.offset < a.length);
+    if (piece != nullptr) give_piece(piece);
     return true;
   }
   // A header for a piece to `to`, or null while kPieces are in flight to it. The pool grows
