@@ -97,11 +97,10 @@ struct Answer {
 // Contract: every call under lock() (posting threads, the data callbacks, the poll lock
 // holder; RMA only, never the message path). A slot is free once its send completed and its
 // answer came (inject_put waits for none), so the header UCX may still read while the send is
-// queued stays valid.
+// queued stays valid. Every path that reports an operation's event clears `awaiting` with it,
+// so an answer finds only operations that have not reported.
 class RmaOps {
  public:
-  static constexpr std::size_t kInline = 512;  // inject_put's bytes, copied into the slot
-
   struct Op {
     void* owner = nullptr;  // the transport, for the send's callback (its user data is the Op)
     std::uint64_t id = 0;   // 0: free
@@ -118,7 +117,7 @@ class RmaOps {
       PutHeader put;
       GetHeader get;
     } head{};
-    alignas(8) unsigned char bytes[kInline];
+    unsigned char* bounce = nullptr;  // inject_put: the transport's bounce slot holding its bytes
   };
 
   RmaOps(std::size_t slots, void* owner) : ops_(slots) {
@@ -154,6 +153,7 @@ class RmaOps {
     op.length = 0;
     op.received = 0;
     op.counted = false;
+    op.bounce = nullptr;
     return &op;
   }
   Op* find(std::uint64_t id) noexcept {

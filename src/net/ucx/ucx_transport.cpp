@@ -391,9 +391,8 @@ class UcxTransport final : public Transport {
     if (__builtin_expect(!replies_.empty(), 0)) send_replies();
     if (__builtin_expect(answers_waiting_.load(std::memory_order_acquire), 0)) send_answers();
     int n = 0;
-    // Receives in posting order: UCP matches each message to the oldest posted receive, but a
-    // message of several fragments completes after a later one-fragment message; reporting
-    // in posting order keeps each sender's messages in the order sent.
+    // Receives in posting order, which is the order the data callback filled them (arrival
+    // order, the order sent per sender); a done receive behind one not done waits for it.
     while (n < max && recv_head_ != nullptr && done_flag(state(recv_head_)).load(std::memory_order_acquire) != 0) {
       detail::OpContext* c = recv_head_;
       const OpState& st = state(c);
@@ -518,16 +517,19 @@ class UcxTransport final : public Transport {
   // tracking, before the post (the callback may run in the poll at once): one queued to a peer
   // that then fails is never completed by UCX without its peer error mode.
   ucp_request_param_t tracked(detail::OpContext* ctx, int rank, OpKindUcx kind) {
-    OpState& st = state(ctx);
-    st.transport = this;
-    st.rank = rank;
-    st.kind = kind;
+    begin_tracking(ctx, rank, kind);
     ucp_request_param_t p;
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = &UcxTransport::on_sent;
     p.user_data = ctx;
-    rma_.track(ctx, rank);
     return p;
+  }
+  void begin_tracking(detail::OpContext* ctx, int rank, OpKindUcx kind) {
+    OpState& st = state(ctx);
+    st.transport = this;
+    st.rank = rank;
+    st.kind = kind;
+    rma_.track(ctx, rank);
   }
   // Its end: an immediate completion becomes an event, a refusal leaves the tracking.
   int posted(detail::OpContext* ctx, int rank, void* r) {
@@ -641,16 +643,15 @@ class UcxTransport final : public Transport {
     if (!t->receiving_) return UCS_OK;  // torn down: dropped
     // No receive posted: held, as UCX's own descriptor where UCX allows it, else as a copy.
     const bool keep = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0;
-    Held h{data, length, !keep};
+    unsigned char* copy = nullptr;
     try {
       if (!keep) {
-        auto* copy = new unsigned char[std::max<std::size_t>(length, 1)];
+        copy = new unsigned char[std::max<std::size_t>(length, 1)];
         if (length != 0) std::memcpy(copy, data, length);
-        h.data = copy;
       }
-      t->held_.push_back(h);
+      t->held_.push_back(Held{keep ? data : copy, length, !keep});
     } catch (...) {
-      if (!keep) delete[] static_cast<unsigned char*>(h.data);
+      delete[] copy;
       FERRY_LOG(error, "ucx: a message of %zu bytes was lost (out of memory while no receive was posted)", length);
       return UCS_OK;
     }
@@ -868,30 +869,35 @@ class UcxTransport final : public Transport {
   int am_put(int rank, ucp_ep_h ep, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key,
              detail::OpContext* ctx, OpKindUcx kind, std::uint64_t data) {
     const bool inject = ctx == nullptr;
-    if (inject && len > RmaOps::kInline) return -EMSGSIZE;
+    unsigned char* bounce = nullptr;  // inject_put's bytes, returned to the pool when sent
+    if (inject) {
+      if (len > kInjectSize) return -EMSGSIZE;
+      if (!free_bounce_.try_pop(bounce)) return -EAGAIN;
+      if (len != 0) std::memcpy(bounce + kBounceHead, buf, len);  // buf may be null when len is 0
+      buf = bounce + kBounceHead;
+    }
     RmaOps::Op* op = nullptr;
     {
       std::lock_guard<detail::SpinLock> g(ops_.lock());
       op = ops_.claim(ctx, rank, !inject);
-      if (op == nullptr) return -EAGAIN;
-      const std::uint32_t flags = inject ? 0u : (put_ack | (kind == op_put_data ? put_notify : 0u));
-      op->head.put = PutHeader{rank_, flags, op->id, addr, key, len, data};
-      op->finished = inject;
-      if (inject && len != 0) std::memcpy(op->bytes, buf, len);  // buf may be null when len is 0
+      if (op != nullptr) {
+        const std::uint32_t flags = inject ? 0u : (put_ack | (kind == op_put_data ? put_notify : 0u));
+        op->head.put = PutHeader{rank_, flags, op->id, addr, key, len, data};
+        op->finished = inject;
+        op->bounce = bounce;
+      }
     }
-    if (!inject) {
-      OpState& st = state(ctx);
-      st.transport = this;
-      st.rank = rank;
-      st.kind = kind;
-      rma_.track(ctx, rank);
+    if (op == nullptr) {
+      if (bounce != nullptr) free_bounce_.try_push(bounce);
+      return -EAGAIN;
     }
+    if (!inject) begin_tracking(ctx, rank, kind);
     ucp_request_param_t p;
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = rma_send_flags(rank, inject);
     p.cb.send = &UcxTransport::on_rma_sent;
     p.user_data = op;  // its slot stays while the send is outstanding
-    return am_posted(op, ucp_am_send_nbx(ep, kAmPut, &op->head.put, sizeof(PutHeader), inject ? op->bytes : buf, len, &p));
+    return am_posted(op, ucp_am_send_nbx(ep, kAmPut, &op->head.put, sizeof(PutHeader), buf, len, &p));
   }
   int am_get(int rank, ucp_ep_h ep, void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key,
              detail::OpContext* ctx) {
@@ -910,11 +916,7 @@ class UcxTransport final : public Transport {
       op->length = len;
       op->counted = true;
     }
-    OpState& st = state(ctx);
-    st.transport = this;
-    st.rank = rank;
-    st.kind = op_get;
-    rma_.track(ctx, rank);
+    begin_tracking(ctx, rank, op_get);
     ucp_request_param_t p;
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_AM_SEND_FLAG_EAGER;
@@ -930,13 +932,16 @@ class UcxTransport final : public Transport {
     }
     if (UCS_PTR_IS_ERR(r)) {
       detail::OpContext* ctx = nullptr;
+      unsigned char* bounce = nullptr;
       {
         std::lock_guard<detail::SpinLock> g(ops_.lock());
         ctx = op->ctx;
+        bounce = op->bounce;
         op->sending = op->awaiting = false;
         op->finished = true;
         ops_.settle(op);
       }
+      if (bounce != nullptr) free_bounce_.try_push(bounce);
       if (ctx != nullptr) rma_.untrack(ctx);
       return to_errno(UCS_PTR_STATUS(r));
     }
@@ -952,8 +957,11 @@ class UcxTransport final : public Transport {
   void rma_sent(RmaOps::Op* op, ucs_status_t status) noexcept {
     Event e;
     bool report = false;
+    unsigned char* bounce = nullptr;
     {
       std::lock_guard<detail::SpinLock> g(ops_.lock());
+      bounce = op->bounce;
+      op->bounce = nullptr;
       op->sending = false;
       if (status != UCS_OK && !op->finished) {
         // Not delivered: no answer will come.
@@ -964,6 +972,7 @@ class UcxTransport final : public Transport {
       }
       ops_.settle(op);
     }
+    if (bounce != nullptr) free_bounce_.try_push(bounce);
     if (report) push(e);
   }
   // How an RMA message's bytes travel: eagerly (copied through UCX's queues) to a peer on this
@@ -989,13 +998,13 @@ class UcxTransport final : public Transport {
     {
       std::lock_guard<detail::SpinLock> g(t->ops_.lock());
       RmaOps::Op* op = t->ops_.find(a.id);
-      if (op == nullptr || op->rank != a.from || !op->awaiting || op->ctx == nullptr) return UCS_OK;  // stale or not ours
+      // Stale or not ours. (An operation awaiting its answer has not reported: every path that
+      // reports clears `awaiting`.)
+      if (op == nullptr || op->rank != a.from || !op->awaiting || op->ctx == nullptr) return UCS_OK;
       op->awaiting = false;
-      const bool report = !op->finished;
       op->finished = true;
       e = completed(op->ctx, op->rank, wire_error(a.error));
       t->ops_.settle(op);
-      if (!report) return UCS_OK;
     }
     t->push(e);
     return UCS_OK;
@@ -1031,10 +1040,6 @@ class UcxTransport final : public Transport {
       last = error != 0 || rndv || op->received == op->length;
       if (last) {
         op->awaiting = false;
-        if (op->finished) {  // reported already (its request failed to send): nothing more
-          t->ops_.settle(op);
-          return UCS_OK;
-        }
         op->finished = true;
         t->ops_.settle(op);
       }
@@ -1156,11 +1161,11 @@ class UcxTransport final : public Transport {
     answers_waiting_.store(true, std::memory_order_release);
   }
   // The poll lock holder, after progress; answers UCX cannot take now wait for the next poll,
-  // in order. To a peer on this host each goes as eager messages that UCX completes in the call
-  // (a get's bytes in kGetPiece pieces), at most kPieces in flight, their headers in a fixed
-  // pool: no allocation, and UCX's queue is not flooded by a window of large gets.
-  // To a peer on another host as UCX chooses (large get answers by its zero-copy rendezvous).
-  // A send that fails (the requester died) is UCX's error, not an abort.
+  // in order. To a peer on this host each goes as eager messages (a get's bytes in kGetPiece
+  // pieces), at most kPieces of them queued in UCX per peer, their headers from a pool that
+  // grows to what is in flight: UCX's queue is not flooded by a window of large gets. To a peer
+  // on another host as UCX chooses (large get answers by its zero-copy rendezvous). A send
+  // that fails (the requester died) is UCX's error, not an abort.
   void send_answers() {
     {
       std::lock_guard<detail::SpinLock> g(answers_lock_);
