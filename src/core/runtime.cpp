@@ -191,7 +191,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   for (std::size_t i = 0; i < config_.max_targets; ++i) targets_[i].store(nullptr, std::memory_order_relaxed);
   // Each device: [ofi or ucx][shm], and the index of the one that reaches each rank.
   const int ofi_index = plan.ofi || plan.ucx ? 0 : -1;
-  const int shm_index = plan.shm ? (plan.ofi ? 1 : 0) : -1;
+  const int shm_index = plan.shm ? (plan.ofi || plan.ucx ? 1 : 0) : -1;
   std::vector<int> route(static_cast<std::size_t>(size_));
   for (int r = 0; r < size_; ++r) {
     route[static_cast<std::size_t>(r)] = plan.shm && plan.on_host[static_cast<std::size_t>(r)] ? shm_index : ofi_index;
