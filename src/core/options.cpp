@@ -209,8 +209,9 @@ const RuntimeOptionTable& runtime_option_table() {
                   "cxi, EFA, tcp...) or ucx (UCX: InfiniBand and RoCE)"},
                  &O::network, &S::network),
           option({"shm_copy", "FERRY_SHM_COPY", T::choice, "auto", {"auto", "cma", "copy"}, 0, 0, nullptr,
-                  "large data over shared memory: auto (cross-memory attach where the kernel allows it, "
-                  "else copy), cma (process_vm_readv/writev, single copy), copy (through shared memory)"},
+                  "large data between processes of one host (ferry's shm; with FERRY_TRANSPORT=ucx, RMA to peers "
+                  "UCX has no RMA lane to): auto (cross-memory attach where the kernel allows it, else copy), cma "
+                  "(process_vm_readv/writev, single copy), copy (through shared memory; over UCX, active messages)"},
                  &O::shm_copy, &S::shm_copy),
           option({"shm_cells", "FERRY_SHM_CELLS", T::size, "256", {}, 2, 1u << 20, nullptr,
                   "cells in each shared-memory receive queue (one packet each; rounded up to a power of two)"},

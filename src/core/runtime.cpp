@@ -203,7 +203,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
     if (!plan.on_host[static_cast<std::size_t>(r)]) away.push_back(r);
   if (config_.peer_timeout_ms != 0 && !away.empty()) {
     heartbeats_ = std::make_unique<HeartbeatChannel>(
-        plan.ucx ? net::ucx::make_transport(*ucx_, net::ucx::TransportParams{rank_, false, away_ranks})
+        plan.ucx ? net::ucx::make_transport(*ucx_, net::ucx::TransportParams{rank_, false, away_ranks, 1024, net::ShmCopy::copy})
                  : net::ofi::make_transport(*fabric_),
         rank_, size_);
     boot_->put("ferry.alive", heartbeats_->address());
@@ -211,7 +211,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   for (int d = 0; d < config_.devices; ++d) {
     std::vector<std::unique_ptr<net::Transport>> transports;
     if (plan.ofi) transports.push_back(net::ofi::make_transport(*fabric_));
-    if (plan.ucx) transports.push_back(net::ucx::make_transport(*ucx_, net::ucx::TransportParams{rank_, serialized, away_ranks, config_.packets}));
+    if (plan.ucx) transports.push_back(net::ucx::make_transport(*ucx_, net::ucx::TransportParams{rank_, serialized, away_ranks, config_.packets, shm_copy(config_.shm_copy)}));
     if (plan.shm) {
       transports.push_back(net::make_shm_transport(net::ShmParams{rank_, size_, d, config_.packet_size, round_up_pow2(config_.shm_cells),
                                                                   shm_copy(config_.shm_copy)}));

@@ -55,6 +55,12 @@ struct Caps {
   bool pushed_get = false;
 };
 
+// How large data moves between processes of one host (FERRY_SHM_COPY): detect cross-memory
+// attach per peer at connect, force it (connect fails where the kernel refuses it), or never
+// use it (copy through shared memory). ferry's shm transport moves large messages and RMA this
+// way; the UCX transport its RMA to peers on its host where UCX has no RMA lane.
+enum class ShmCopy : std::uint8_t { automatic, cma, copy };
+
 // What a registration allows.
 enum class Access : std::uint8_t {
   send = 1,          // a local source of send/put

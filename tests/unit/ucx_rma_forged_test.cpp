@@ -42,7 +42,7 @@ class Forger {
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     wp.thread_mode = UCS_THREAD_MODE_SINGLE;
     EXPECT_EQ(ucp_worker_create(context_, &wp, &worker_), UCS_OK);
-    const std::vector<unsigned char> bytes = unhex(address);
+    const std::vector<unsigned char> bytes = unhex(address.substr(0, address.find('/')));  // the worker's part
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
     ep.address = reinterpret_cast<const ucp_address_t*>(bytes.data());
@@ -95,6 +95,7 @@ TEST(UcxRmaOverActiveMessages, ForgedRequestsAndAnswersMoveNoBytes) {
   TransportParams params;
   params.rank = 0;
   params.serialized = true;
+  params.copy = ShmCopy::copy;  // RMA to this host over active messages, the path under test
   std::unique_ptr<Transport> t = make_transport(*context, params);
   t->connect({t->address()});
   t->connected();

@@ -62,9 +62,6 @@
 
 namespace ferry::net {
 
-// How large data moves: detect cross-memory attach per peer at connect, force it (connect
-// fails where the kernel refuses it), or always copy through the shared-memory queues.
-enum class ShmCopy : std::uint8_t { automatic, cma, copy };
 const char* to_string(ShmCopy c) noexcept;
 
 struct ShmParams {

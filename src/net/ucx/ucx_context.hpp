@@ -38,6 +38,9 @@ struct TransportParams {
   // Bounce buffers for injects UCX cannot complete inline (at most 1024): the device's packet
   // budget (FERRY_PACKETS) bounds them too, so a small pool pushes back here as well.
   std::size_t bounce_slots = 1024;
+  // RMA to peers on this host whose endpoint has no RMA lane: by cross-memory attach (one copy,
+  // at post time, probed per peer at connect) unless `copy`; else over active messages.
+  ShmCopy copy = ShmCopy::automatic;
 };
 std::unique_ptr<Transport> make_transport(Context& context, const TransportParams& params);
 

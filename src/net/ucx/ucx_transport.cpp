@@ -35,10 +35,12 @@
 //    transports (and over tcp within a host it made the AMT failure test abort in 2 of 15
 //    runs, in UCX's emulated answer to a dead peer's get request).
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <charconv>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -53,6 +55,7 @@
 #include "ferry/error.hpp"
 #include "net/abandon.hpp"
 #include "net/hazard.hpp"
+#include "net/shm/cma.hpp"
 #include "net/ucx/am_rma.hpp"
 #include "net/ucx/ucp.hpp"
 
@@ -142,7 +145,7 @@ class UcxRegistration final : public Registration {
 class UcxTransport final : public Transport {
  public:
   UcxTransport(Context& context, const TransportParams& p)
-      : context_(context.get()), rank_(p.rank), multi_(!p.serialized), away_(p.away), events_(kEventRing), bounce_slots_(std::clamp<std::size_t>(p.bounce_slots, 1, kMaxBounceSlots)),
+      : context_(context.get()), rank_(p.rank), multi_(!p.serialized), away_(p.away), copy_(p.copy), events_(kEventRing), bounce_slots_(std::clamp<std::size_t>(p.bounce_slots, 1, kMaxBounceSlots)),
         free_bounce_(bounce_slots_), bounce_(new unsigned char[bounce_slots_ * kBounceSlot]) {
     ucp_worker_params_t wp{};
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -191,6 +194,10 @@ class UcxTransport final : public Transport {
       out.push_back(hex[b[i] & 15]);
     }
     ucp_worker_release_address(worker_, a);
+    // Then "/pid/address/value" of the probe word peers on this host read by cross-memory
+    // attach to learn whether they may (and that the pid is this process in their namespace).
+    out += "/" + std::to_string(::getpid()) + "/" + std::to_string(reinterpret_cast<std::uintptr_t>(&probe_word_)) + "/" +
+           std::to_string(probe_word_);
     return out;
   }
 
@@ -198,10 +205,12 @@ class UcxTransport final : public Transport {
     const std::vector<bool>& away = away_;
     eps_ = std::vector<std::atomic<ucp_ep_h>>(addresses.size());
     am_rma_.assign(addresses.size(), 0);
+    cma_pid_.assign(addresses.size(), 0);
     pieces_to_.assign(addresses.size(), 0);
     for (std::size_t r = 0; r < addresses.size(); ++r) {
-      const std::string& text = addresses[r];
-      if (text.empty()) continue;
+      const std::string& whole = addresses[r];
+      if (whole.empty()) continue;
+      const std::string text = whole.substr(0, whole.find('/'));
       if (text.size() % 2 != 0) throw Error("ucx: rank " + std::to_string(r) + "'s worker address has odd length");
       std::vector<unsigned char> bytes(text.size() / 2);
       for (std::size_t i = 0; i < bytes.size(); ++i) {
@@ -226,6 +235,7 @@ class UcxTransport final : public Transport {
       // UCX's own RMA only where the endpoint has an RMA lane; elsewhere UCX would emulate it
       // in software, with an abort when a requester dies (am_rma.hpp).
       am_rma_[r] = has_rma_lane(handle) ? 0 : 1;
+      if (am_rma_[r] != 0 && !peer_mode && copy_ != ShmCopy::copy) cma_pid_[r] = cma_peer(static_cast<int>(r), whole);
     }
   }
 
@@ -310,7 +320,10 @@ class UcxTransport final : public Transport {
     const EpHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
     if (ep == nullptr) return hold.refused();
-    if (am_rma(rank)) return am_put(rank, ep, buf, len, addr, key, nullptr, op_put, 0);
+    if (am_rma(rank)) {
+      if (const pid_t pid = cma_pid(rank); pid != 0) return len > kInjectSize ? -EMSGSIZE : shm::cma_write(pid, buf, len, addr);
+      return am_put(rank, ep, buf, len, addr, key, nullptr, op_put, 0);
+    }
     ucp_rkey_h rkey = nullptr;
     if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;
     unsigned char* slot = nullptr;
@@ -332,7 +345,14 @@ class UcxTransport final : public Transport {
     const EpHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
     if (ep == nullptr) return hold.refused();
-    if (am_rma(rank)) return am_get(rank, ep, buf, len, addr, key, ctx);
+    if (am_rma(rank)) {
+      if (const pid_t pid = cma_pid(rank); pid != 0) {
+        start_local(ctx, rank, op_get);
+        push(completed(ctx, rank, shm::cma_read(pid, buf, len, addr)));
+        return 0;
+      }
+      return am_get(rank, ep, buf, len, addr, key, ctx);
+    }
     ucp_rkey_h rkey = nullptr;
     if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;
     ucp_request_param_t p = tracked(ctx, rank, op_get);
@@ -470,7 +490,8 @@ class UcxTransport final : public Transport {
     if (rank < 0 || static_cast<std::size_t>(rank) >= eps_.size()) return caps_.name;
     const EpHold hold(*this, rank);
     if (hold.get() == nullptr) return caps_.name;
-    return caps_.name + ": " + lanes_of(hold.get());
+    const char* rma = cma_pid(rank) != 0 ? "; RMA: cross-memory attach" : am_rma(rank) ? "; RMA: over active messages" : "";
+    return caps_.name + ": " + lanes_of(hold.get()) + rma;
   }
 
   void peer_failed(int rank) override {
@@ -525,11 +546,16 @@ class UcxTransport final : public Transport {
     return p;
   }
   void begin_tracking(detail::OpContext* ctx, int rank, OpKindUcx kind) {
+    start_local(ctx, rank, kind);
+    rma_.track(ctx, rank);
+  }
+  // An operation's state; not tracked (one done in the post, or tracked later).
+  OpState& start_local(detail::OpContext* ctx, int rank, OpKindUcx kind) noexcept {
     OpState& st = state(ctx);
     st.transport = this;
     st.rank = rank;
     st.kind = kind;
-    rma_.track(ctx, rank);
+    return st;
   }
   // Its end: an immediate completion becomes an event, a refusal leaves the tracking.
   int posted(detail::OpContext* ctx, int rank, void* r) {
@@ -564,6 +590,34 @@ class UcxTransport final : public Transport {
    private:
     HazardHold<std::remove_pointer_t<ucp_ep_h>> hold_;
   };
+
+  // Rank r's pid when this process may read and write its memory by cross-memory attach (the
+  // probe word named in its address reads back as the address says), else 0. The address
+  // comes from the bootstrap: its fields are checked, and one that does not parse is no CMA.
+  pid_t cma_peer(int r, const std::string& address) const {
+    std::uint64_t field[3] = {0, 0, 0};
+    std::size_t at = address.find('/');
+    bool ok = at != std::string::npos;
+    for (int i = 0; ok && i < 3; ++i) {
+      const char* begin = address.data() + at + 1;
+      const char* end = address.data() + address.size();
+      const auto [stop, ec] = std::from_chars(begin, end, field[i]);
+      ok = ec == std::errc{} && stop != begin && (i == 2 ? stop == end : stop != end && *stop == '/');
+      at = static_cast<std::size_t>(stop - address.data());
+    }
+    const auto pid = static_cast<pid_t>(field[0]);
+    ok = ok && field[0] > 0 && static_cast<std::uint64_t>(pid) == field[0];
+    const int rc = ok ? shm::cma_probe(pid, field[1], field[2]) : -EINVAL;
+    if (rc == 0) return pid;
+    if (copy_ == ShmCopy::cma) {
+      throw Error("ucx: cross-memory attach to rank " + std::to_string(r) + " failed (" +
+                  (ok ? std::string(std::strerror(-rc)) : "its address names no probe word") +
+                  "); FERRY_SHM_COPY=auto or copy works without it");
+    }
+    FERRY_LOG(info, "ucx: cross-memory attach to rank %d not available (%s): its RMA goes over active messages", r,
+              ok ? std::strerror(-rc) : "no probe word");
+    return 0;
+  }
 
   static int nibble(char c) noexcept {
     if (c >= '0' && c <= '9') return c - '0';
@@ -784,13 +838,22 @@ class UcxTransport final : public Transport {
     const EpHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
     if (ep == nullptr) return hold.refused();
-    if (am_rma(rank)) return am_put(rank, ep, buf, len, addr, key, ctx, kind, data);
+    if (am_rma(rank)) {
+      if (const pid_t pid = cma_pid(rank); pid != 0) {
+        // The bytes are at the target when the write returns; put_data's notification follows.
+        OpState& st = start_local(ctx, rank, kind);
+        st.data = data;
+        st.length = len;
+        const int rc = shm::cma_write(pid, buf, len, addr);
+        if (rc == 0) flushed(ctx, UCS_OK);
+        else push(completed(ctx, rank, rc));
+        return 0;
+      }
+      return am_put(rank, ep, buf, len, addr, key, ctx, kind, data);
+    }
     ucp_rkey_h rkey = nullptr;
     if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;
-    OpState& st = state(ctx);
-    st.transport = this;
-    st.rank = rank;
-    st.kind = kind;
+    OpState& st = start_local(ctx, rank, kind);
     st.data = data;
     st.length = len;
     ucp_request_param_t p;
@@ -864,6 +927,7 @@ class UcxTransport final : public Transport {
 
   // ---- RMA over active messages (am_rma.hpp), to peers whose endpoint has no RMA lane ----
   bool am_rma(int rank) const noexcept { return am_rma_[static_cast<std::size_t>(rank)] != 0; }
+  pid_t cma_pid(int rank) const noexcept { return cma_pid_[static_cast<std::size_t>(rank)]; }
 
   // put and put_data (ctx set), inject_put (ctx null: its bytes copied into the slot, no event).
   int am_put(int rank, ucp_ep_h ep, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key,
@@ -1299,6 +1363,11 @@ class UcxTransport final : public Transport {
   int rank_;
   bool multi_;  // UCS_THREAD_MODE_MULTI: posts run beside the poller (the lockless model)
   std::vector<bool> away_;     // by rank: on another host (UCX's peer error mode)
+  ShmCopy copy_;               // whether RMA to peers on this host may use cross-memory attach
+  // Read by peers' cma_probe (process_vm_readv) at their connect; set once, before address().
+  std::uint64_t probe_word_ = (static_cast<std::uint64_t>(::getpid()) << 32) ^
+                              static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                              reinterpret_cast<std::uintptr_t>(this);
   // Endpoints by rank. connect writes them before any post (the bootstrap's fence publishes
   // them); then only peer_failed (to null) and close change them. Posts read them through
   // EpHold (a hazard hold under lockless, against which peer_failed replaces them seq_cst).
@@ -1341,6 +1410,7 @@ class UcxTransport final : public Transport {
   // RMA over active messages: by rank, whether the peer gets it (no RMA lane); the
   // operations in flight; the answers waiting for the poll.
   std::vector<char> am_rma_;
+  std::vector<pid_t> cma_pid_;  // by rank: its pid where RMA goes by cross-memory attach, else 0
   RmaOps ops_{kSendQueue, this};
   detail::SpinLock answers_lock_;
   std::vector<Answer> answers_;
