@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <memory>
+#include <thread>
 
 #include "mp_common.hpp"
 
@@ -53,6 +54,53 @@ TEST(ActiveMessage, EverySizeArrivesIntactInTheTargetQueue) {
     EXPECT_EQ(first_mismatch(c.buffer.data(), size, left(), size), -1) << "size " << size;
     rt().barrier();
   }
+}
+
+// Every size to the rank itself, two threads posting at once, each one's messages in order:
+// a transport may treat messages to its own process apart (UCX's goes around UCX).
+TEST(ActiveMessage, EverySizeToItsOwnRankArrivesIntactAndInOrder) {
+  ferry::Device& dev = rt().device();
+  ferry::CompletionQueue inbox;
+  ferry::Exposure ex = rt().expose(inbox, 15);
+  const auto all = sizes();
+  const int me = rt().rank();
+  std::vector<std::vector<unsigned char>> out(2 * all.size());
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    out[i].resize(all[i % all.size()]);
+    fill(out[i], me);
+  }
+  auto post_all = [&](std::size_t thread) {
+    for (std::size_t k = 0; k < all.size(); ++k) {
+      std::vector<unsigned char>& buf = out[thread * all.size() + k];
+      (void)post_retry(dev, [&] {
+        return dev.post_am({.rank = me, .buffer = buf.data(), .size = buf.size(), .target = {15},
+                            .tag = static_cast<ferry::Tag>(thread << 16 | k)});
+      });
+    }
+  };
+  // No local completions are awaited: `out` outlives every read of it (the last message is in
+  // before the barrier).
+  std::thread other(post_all, 1);
+  post_all(0);
+  std::size_t next[2] = {0, 0};
+  std::size_t got = 0;
+  const bool all_in = wait_until(dev, [&] {
+    while (auto c = inbox.pop()) {
+      ++got;
+      const std::size_t thread = c->tag >> 16, k = c->tag & 0xFFFF;
+      EXPECT_EQ(c->rank, me);
+      if (thread > 1) continue;
+      EXPECT_EQ(k, next[thread]) << "thread " << thread << "'s messages out of order";
+      next[thread] = k + 1;
+      if (k >= all.size()) continue;
+      EXPECT_EQ(c->size, all[k]);
+      EXPECT_EQ(first_mismatch(c->buffer.data(), c->buffer.size(), me, all[k]), -1) << "size " << all[k];
+    }
+    return got == out.size();
+  });
+  other.join();
+  EXPECT_TRUE(all_in) << got << " of " << out.size() << " arrived";
+  rt().barrier();
 }
 
 // A stream of rendezvous active messages that the application consumes as they come: where

@@ -7,6 +7,11 @@
 //    is held (UCX's descriptor where UCX lets it be kept, else a copy) until one is. ferry's
 //    wire header names the sender, so receive events do not (caps().reports_source is false).
 //    ferry's own protocols (eager, fragments, rendezvous) run on top, as over libfabric.
+//  - Messages to this rank go around UCX, through a ring the poll drains into posted receives
+//    (an inject's bytes in a bounce slot, a send's in its own buffer, completed on receipt):
+//    UCX's `self` transport would run the receive callback inside the sender's call, on any
+//    thread, so the posted receives would need a lock; this way only the poll lock holder
+//    touches them.
 //  - inject tries UCP's inline path (UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL: done in the call, or
 //    UCS_ERR_NO_RESOURCE); where that is not possible it copies into a bounce buffer of a fixed
 //    pool that the send's callback returns. An empty pool is -EAGAIN.
@@ -93,6 +98,7 @@ constexpr std::size_t kMaxBounceSlots = 1024;  // bounce buffers for injects tha
 constexpr std::size_t kBounceHead = 16;
 constexpr std::size_t kBounceSlot = kBounceHead + kInjectSize;
 constexpr std::size_t kEventRing = 8192;
+constexpr std::size_t kLoopback = 1024;  // messages to this rank not yet received
 constexpr std::size_t kMaxPackedRkey = 4096;  // a packed rkey holds a few bytes per memory domain
 constexpr std::size_t kSendQueue = 1024;
 
@@ -242,6 +248,7 @@ class UcxTransport final : public Transport {
   // ---- messages ----
 
   int inject(int rank, const void* buf, std::size_t len) override {
+    if (__builtin_expect(rank == rank_, 0)) return loop_inject(buf, len);
     const EpHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
     if (__builtin_expect(ep == nullptr, 0)) return hold.refused();
@@ -267,6 +274,7 @@ class UcxTransport final : public Transport {
   }
 
   int send(int rank, const void* buf, std::size_t len, void*, detail::OpContext* ctx) override {
+    if (__builtin_expect(rank == rank_, 0)) return loop_send(buf, len, ctx);
     const EpHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
     if (__builtin_expect(ep == nullptr, 0)) return hold.refused();
@@ -288,21 +296,17 @@ class UcxTransport final : public Transport {
     st.data = len;
     st.length = 0;
     st.error = 0;
-    done_flag(st).store(0, std::memory_order_relaxed);  // published by the receive lock or the poll's own thread
-    Held taken{};
-    {
-      const RecvGuard g(*this);
-      if (!held_.empty()) {
-        taken = held_.front();
-        held_.pop_front();
-        fill(ctx, taken.data, taken.length);
-      } else if (fill_ == nullptr) {
-        fill_ = ctx;
-      }
-      if (recv_tail_ != nullptr) state(recv_tail_).next = ctx; else recv_head_ = ctx;
-      recv_tail_ = ctx;
+    done_flag(st).store(0, std::memory_order_relaxed);  // read by the poll, on this thread
+    if (__builtin_expect(!held_.empty(), 0)) {
+      const Held taken = held_.front();
+      held_.pop_front();
+      fill(ctx, taken.data, taken.length);
+      release(taken);
+    } else if (fill_ == nullptr) {
+      fill_ = ctx;
     }
-    if (taken.data != nullptr) release(taken);  // a UCX call: outside the receive lock
+    if (recv_tail_ != nullptr) state(recv_tail_).next = ctx; else recv_head_ = ctx;
+    recv_tail_ = ctx;
     return 0;
   }
 
@@ -408,6 +412,7 @@ class UcxTransport final : public Transport {
       if (n > 0) return n;
     }
     ucp_worker_progress(worker_);
+    if (fill_ != nullptr) drain_loopback();  // an empty ring: two loads of lines only pushes write
     if (__builtin_expect(!replies_.empty(), 0)) send_replies();
     if (__builtin_expect(answers_waiting_.load(std::memory_order_acquire), 0)) send_answers();
     int n = 0;
@@ -440,14 +445,10 @@ class UcxTransport final : public Transport {
 
   void cancel_all() noexcept override {
     // Messages that arrive from now on are dropped: the posted buffers are about to go.
-    std::deque<Held> held;
-    {
-      const RecvGuard g(*this);
-      receiving_ = false;
-      fill_ = recv_head_ = recv_tail_ = nullptr;
-      held.swap(held_);
-    }
-    for (const Held& h : held) release(h);
+    receiving_ = false;
+    fill_ = recv_head_ = recv_tail_ = nullptr;
+    for (const Held& h : held_) release(h);
+    held_.clear();
   }
 
   void close() noexcept override {
@@ -687,7 +688,6 @@ class UcxTransport final : public Transport {
       }
       return UCS_OK;  // a rendezvous one is declined by returning (UCX answers its sender)
     }
-    const RecvGuard g(*t);
     if (__builtin_expect(t->fill_ != nullptr, 1)) {
       detail::OpContext* c = t->fill_;
       t->fill_ = state(c).next;  // before fill(): once done, the poll may hand c back to the core
@@ -712,6 +712,32 @@ class UcxTransport final : public Transport {
     return keep ? UCS_INPROGRESS : UCS_OK;
   }
   // Under the receive lock: `length` bytes into receive c, which is done after it.
+  // ---- messages to this rank ----
+  int loop_inject(const void* buf, std::size_t len) noexcept {
+    unsigned char* slot = nullptr;
+    if (len > kInjectSize) return -EMSGSIZE;
+    if (!free_bounce_.try_pop(slot)) return -EAGAIN;
+    if (len != 0) std::memcpy(slot + kBounceHead, buf, len);  // buf may be null when len is 0
+    if (loopback_.try_push(Loop{slot + kBounceHead, len, nullptr, slot})) return 0;
+    free_bounce_.try_push(slot);
+    return -EAGAIN;
+  }
+  int loop_send(const void* buf, std::size_t len, detail::OpContext* ctx) noexcept {
+    start_local(ctx, rank_, op_send);
+    return loopback_.try_push(Loop{buf, len, ctx, nullptr}) ? 0 : -EAGAIN;
+  }
+  // The poll lock holder, while receives are posted: each message fills the oldest.
+  void drain_loopback() noexcept {
+    Loop m;
+    while (fill_ != nullptr && loopback_.try_pop(m)) {
+      detail::OpContext* c = fill_;
+      fill_ = state(c).next;
+      fill(c, m.data, m.length);
+      if (m.slot != nullptr) free_bounce_.try_push(m.slot);
+      if (m.send != nullptr) push(completed(m.send, rank_, 0));
+    }
+  }
+
   void fill(detail::OpContext* c, const void* data, std::size_t length) noexcept {
     OpState& st = state(c);
     const std::size_t n = std::min<std::size_t>(length, st.data);
@@ -1334,21 +1360,6 @@ class UcxTransport final : public Transport {
   // worker then runs callbacks on whichever thread enters it, a sender to this rank over the
   // self transport say). The other lock models let one thread into the device at a time.
   // Never held across a UCX call: the callback runs under UCX's worker lock.
-  class RecvGuard {
-   public:
-    explicit RecvGuard(UcxTransport& t) noexcept : lock_(t.multi_ ? &t.recv_lock_ : nullptr) {
-      if (lock_ != nullptr) lock_->lock();
-    }
-    ~RecvGuard() {
-      if (lock_ != nullptr) lock_->unlock();
-    }
-    RecvGuard(const RecvGuard&) = delete;
-    RecvGuard& operator=(const RecvGuard&) = delete;
-
-   private:
-    detail::SpinLock* lock_;
-  };
-
   struct Reply {
     int to;
     std::uint64_t key;
@@ -1381,14 +1392,25 @@ class UcxTransport final : public Transport {
   std::size_t bounce_slots_;
   detail::MpmcRing<unsigned char*> free_bounce_;
   std::unique_ptr<unsigned char[]> bounce_;
-  // Posted receives in posting order: the poll lock holder takes done ones from the head and
-  // appends (under the receive lock); the data callback fills fill_, the oldest not yet done,
-  // and moves it on (under the receive lock). held_: messages waiting for a receive.
-  detail::SpinLock recv_lock_;
+  // Posted receives in posting order, and held_, the messages waiting for one: the poll lock
+  // holder's alone, with no lock. It posts them (post_recv: the core reposts from its progress),
+  // takes done ones from the head (poll), and the data callback, which UCX runs inside that
+  // poll's ucp_worker_progress, fills fill_, the oldest not yet done, and moves it on. No other
+  // thread runs the callback: messages to this rank never go through UCX (whose `self`
+  // transport would run it inside the sender's call) but through loopback_.
   detail::OpContext* recv_head_ = nullptr;
   detail::OpContext* recv_tail_ = nullptr;
   detail::OpContext* fill_ = nullptr;
   std::deque<Held> held_;
+  // Messages to this rank, from any thread, in the order sent; the poll moves them into posted
+  // receives (while none is posted they wait here, and a full ring is -EAGAIN to the sender).
+  struct Loop {
+    const void* data;
+    std::size_t length;
+    detail::OpContext* send;  // send(): its buffer, completed when the message is received
+    unsigned char* slot;      // inject(): the bounce slot holding the bytes
+  };
+  detail::MpmcRing<Loop> loopback_{kLoopback};
   bool receiving_ = true;  // false after cancel_all
   std::atomic<bool> foreign_logged_{false};  // a message not from ferry was reported (relaxed: a log flag)
   // Remote keys: unpacked rkeys by (rank, key), the ones asked for, the ones the owner lacks.
