@@ -111,13 +111,12 @@ struct OpState {
   std::uint64_t data;    // put_data: the notification's data; a receive: its buffer's capacity
   std::uint64_t length;  // put_data: bytes written; a receive: bytes received, once done
   void* buffer;          // a receive's buffer
-  detail::OpContext* next;  // posted receives, in posting order (written under the receive lock)
+  detail::OpContext* next;  // posted receives, in posting order (the poll lock holder's)
   std::int32_t error;       // a receive's outcome, once done
-  // A receive's completion flag, through done_flag(). The data callback that fills it may run
-  // on any thread that enters UCX: under the lockless model a send to this rank over UCX's
-  // self transport runs it inside the sender's call, beside the poll lock holder reading it.
-  // The callback writes length and error, then done with release; the poll reads done with
-  // acquire before them.
+  // A receive's completion flag, through done_flag(). Written and read by the poll lock
+  // holder only (the data callback runs inside its poll; messages to this rank go around UCX),
+  // so the release/acquire pair (length and error, then done) orders nothing across threads;
+  // on x86 it compiles to the plain store and load a relaxed pair would.
   std::int32_t done;
 };
 static_assert(sizeof(OpState) <= detail::OpContext::kBackendBytes);
@@ -711,7 +710,6 @@ class UcxTransport final : public Transport {
     }
     return keep ? UCS_INPROGRESS : UCS_OK;
   }
-  // Under the receive lock: `length` bytes into receive c, which is done after it.
   // ---- messages to this rank ----
   int loop_inject(const void* buf, std::size_t len) noexcept {
     unsigned char* slot = nullptr;
@@ -738,6 +736,7 @@ class UcxTransport final : public Transport {
     }
   }
 
+  // The poll lock holder: `length` bytes into receive c, which is done after it.
   void fill(detail::OpContext* c, const void* data, std::size_t length) noexcept {
     OpState& st = state(c);
     const std::size_t n = std::min<std::size_t>(length, st.data);
@@ -1356,10 +1355,6 @@ class UcxTransport final : public Transport {
     }
   }
 
-  // The receive lock: the data callback and post_recv, under the lockless model only (UCX's
-  // worker then runs callbacks on whichever thread enters it, a sender to this rank over the
-  // self transport say). The other lock models let one thread into the device at a time.
-  // Never held across a UCX call: the callback runs under UCX's worker lock.
   struct Reply {
     int to;
     std::uint64_t key;
