@@ -771,9 +771,12 @@ class UcxTransport final : public Transport {
         *out = it->second;
         return 0;
       }
-      if (missing_.count(k) != 0) return -EINVAL;
-      if (!requested_.insert(k).second) return -EAGAIN;
+      if (rank != rank_) {
+        if (missing_.count(k) != 0) return -EINVAL;
+        if (!requested_.insert(k).second) return -EAGAIN;
+      }
     }
+    if (rank == rank_) return own_rkey(ep, key, k, out);
     auto* req = new KeyRequest{rank_, 0, key};
     ucp_request_param_t p;
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
@@ -793,6 +796,26 @@ class UcxTransport final : public Transport {
       }
     }
     return -EAGAIN;
+  }
+
+  // This rank's own registration: its rkey unpacked at once, not asked for. (A request to
+  // this rank would go over UCX's self transport, which runs the request's handler inside the
+  // send, on the posting thread, beside the poll lock holder that owns replies_.)
+  int own_rkey(ucp_ep_h ep, std::uint64_t key, std::uint64_t k, ucp_rkey_h* out) {
+    std::string packed;
+    {
+      std::lock_guard<detail::SpinLock> g(packed_lock_);
+      const auto it = packed_.find(key);
+      if (it == packed_.end()) return -EINVAL;
+      packed = it->second.packed;
+    }
+    ucp_rkey_h rkey = nullptr;
+    if (ucp_ep_rkey_unpack(ep, packed.data(), &rkey) != UCS_OK) return -EINVAL;
+    std::lock_guard<detail::SpinLock> g(rkey_lock_);
+    const auto [it, fresh] = rkeys_.emplace(k, rkey);
+    if (!fresh) ucp_rkey_destroy(rkey);  // another thread unpacked it first
+    *out = it->second;
+    return 0;
   }
 
   static ucs_status_t on_key_request(void* arg, const void* header, std::size_t header_length, void*, std::size_t,
