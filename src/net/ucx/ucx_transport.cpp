@@ -259,8 +259,7 @@ class UcxTransport final : public Transport {
     if (UCS_PTR_STATUS(r) != UCS_ERR_NO_RESOURCE) return to_errno(UCS_PTR_STATUS(r));
     // Not inline: from a bounce buffer the send's callback returns.
     unsigned char* slot = nullptr;
-    if (len > kInjectSize || !free_bounce_.try_pop(slot)) return -EAGAIN;
-    if (len != 0) std::memcpy(slot + kBounceHead, buf, len);  // buf may be null when len is 0
+    if (len > kInjectSize || (slot = bounce_copy(buf, len)) == nullptr) return -EAGAIN;
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     p.cb.send = &UcxTransport::on_bounce_sent;
     p.user_data = slot;
@@ -330,8 +329,7 @@ class UcxTransport final : public Transport {
     ucp_rkey_h rkey = nullptr;
     if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;
     unsigned char* slot = nullptr;
-    if (len > kInjectSize || !free_bounce_.try_pop(slot)) return -EAGAIN;
-    if (len != 0) std::memcpy(slot + kBounceHead, buf, len);  // buf may be null when len is 0
+    if (len > kInjectSize || (slot = bounce_copy(buf, len)) == nullptr) return -EAGAIN;
     ucp_request_param_t p;
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = &UcxTransport::on_bounce_sent;
@@ -610,7 +608,7 @@ class UcxTransport final : public Transport {
     const int rc = ok ? shm::cma_probe(pid, field[1], field[2]) : -EINVAL;
     if (rc == 0) return pid;
     if (copy_ == ShmCopy::cma) {
-      throw Error("ucx: cross-memory attach to rank " + std::to_string(r) + " failed (" +
+      throw Error("FERRY_SHM_COPY=cma: ucx's cross-memory attach to rank " + std::to_string(r) + " failed (" +
                   (ok ? std::string(std::strerror(-rc)) : "its address names no probe word") +
                   "); FERRY_SHM_COPY=auto or copy works without it");
     }
@@ -710,12 +708,20 @@ class UcxTransport final : public Transport {
     }
     return keep ? UCS_INPROGRESS : UCS_OK;
   }
+  // A free bounce slot holding a copy of len (<= kInjectSize) bytes of buf, or null when none
+  // is free.
+  unsigned char* bounce_copy(const void* buf, std::size_t len) noexcept {
+    unsigned char* slot = nullptr;
+    if (!free_bounce_.try_pop(slot)) return nullptr;
+    if (len != 0) std::memcpy(slot + kBounceHead, buf, len);  // buf may be null when len is 0
+    return slot;
+  }
+
   // ---- messages to this rank ----
   int loop_inject(const void* buf, std::size_t len) noexcept {
     unsigned char* slot = nullptr;
     if (len > kInjectSize) return -EMSGSIZE;
-    if (!free_bounce_.try_pop(slot)) return -EAGAIN;
-    if (len != 0) std::memcpy(slot + kBounceHead, buf, len);  // buf may be null when len is 0
+    if ((slot = bounce_copy(buf, len)) == nullptr) return -EAGAIN;
     if (loopback_.try_push(Loop{slot + kBounceHead, len, nullptr, slot})) return 0;
     free_bounce_.try_push(slot);
     return -EAGAIN;
@@ -984,8 +990,7 @@ class UcxTransport final : public Transport {
     unsigned char* bounce = nullptr;  // inject_put's bytes, returned to the pool when sent
     if (inject) {
       if (len > kInjectSize) return -EMSGSIZE;
-      if (!free_bounce_.try_pop(bounce)) return -EAGAIN;
-      if (len != 0) std::memcpy(bounce + kBounceHead, buf, len);  // buf may be null when len is 0
+      if ((bounce = bounce_copy(buf, len)) == nullptr) return -EAGAIN;
       buf = bounce + kBounceHead;
     }
     RmaOps::Op* op = nullptr;
