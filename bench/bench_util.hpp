@@ -152,7 +152,8 @@ struct ContentionArgs {
 
 // The values of FERRY_LOCK_MODEL, checked on the command line so that a misspelt model is an
 // argument error (exit 2) before any rank starts a runtime.
-inline const std::vector<std::string> lock_models = {"lockless", "trylock", "block", "lockq", "csync", "offload"};
+// What --lock-model accepts (serialized: one thread per device, which ferry-bench checks).
+inline const std::vector<std::string> lock_models = {"lockless", "trylock", "block", "lockq", "csync", "offload", "serialized"};
 
 // Contention sizes stay small: every thread owns a slot of the put region on rank 1.
 inline constexpr std::int64_t max_contention_size = std::int64_t{1} << 20;

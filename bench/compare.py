@@ -293,8 +293,12 @@ class Ferry(Impl):
     def __init__(self, r, args, entry):
         super().__init__(r, args)
         self.entry = entry
-        entry, _, inbox = entry.partition("@")
-        self.inbox = inbox or None  # "handler": the latency runs use ferry-bench pingpong --inbox handler
+        entry, _, suffix = entry.partition("@")
+        # "handler": the latency runs use ferry-bench pingpong --inbox handler.
+        self.inbox = "handler" if suffix == "handler" else None
+        # "serialized": FERRY_LOCK_MODEL=serialized (no lock; UCX's worker unlocked too), each
+        # thread of a multi-thread rate with a device of its own.
+        self.serialized = suffix == "serialized"
         transport, _, provider = entry.partition(":")
         self.transport = transport
         self.provider_req = provider or None
@@ -304,6 +308,8 @@ class Ferry(Impl):
         self.env_set = {"FERRY_TRANSPORT": transport}
         if provider:
             self.env_set["FERRY_PROVIDER"] = provider
+        if self.serialized:
+            self.env_set["FERRY_LOCK_MODEL"] = "serialized"
         self.env.update(self.env_set)
         self.seen_provider = None
         self.seen_transport = None
@@ -363,11 +369,15 @@ class Ferry(Impl):
         if self.inbox:
             raise NotApplicable("--inbox is a pingpong option: rates and bandwidths are those of ferry %s" %
                                 self.entry.split("@")[0])
+        devices = ["--devices", threads] if self.serialized and threads > 1 else []
         j = self.r.json_result(tag, self.ferryrun("msgrate", "--size", size, "--count", count, "--window",
-                                                  self.args.window, "--threads", threads, "--json"), self.env, "msgrate")
+                                                  self.args.window, "--threads", threads, "--json", *devices),
+                               self.env, "msgrate")
         self._check(j)
         if j.get("threads") != threads:
             raise RunFailed("ferry-bench ran %s threads, asked for %d" % (j.get("threads"), threads))
+        if self.serialized and j.get("lock_model") != "serialized":
+            raise RunFailed("asked for FERRY_LOCK_MODEL=serialized, ferry-bench reports %s" % j.get("lock_model"))
         return (j["msgs_per_s"] if metric == "msgrate" else j["mbytes_per_s"]), j
 
     def describe(self):
@@ -580,8 +590,9 @@ def main():
     ap.add_argument("--transports", default="shm,shm@handler,ofi:shm,ucx",
                     help="ferry transports, comma-separated: NAME sets FERRY_TRANSPORT=NAME, NAME:PROV also "
                          "FERRY_PROVIDER=PROV; a suffix @handler measures latency only, with the message handed "
-                         "to a Handler instead of popped from a CompletionQueue (default shm,shm@handler,ofi:shm; "
-                         "e.g. shm,ofi:shm,ofi:tcp)")
+                         "to a Handler instead of popped from a CompletionQueue; @serialized runs it under "
+                         "FERRY_LOCK_MODEL=serialized (no lock; a device per thread in the T-thread rate) "
+                         "(default shm,shm@handler,ofi:shm,ucx; e.g. shm,ofi:shm,ofi:tcp,ucx@serialized)")
     ap.add_argument("--provider", default="shm", help="libfabric provider of the raw libfabric baseline (default shm)")
     ap.add_argument("--threads", type=int, default=2, help="T, threads per rank of the T-thread message rate (default 2)")
     ap.add_argument("--reps", type=int, default=None, help="runs of each measurement; medians reported (default 5)")
@@ -616,10 +627,11 @@ def main():
     if not bw_sizes or any(s < 1 for s in bw_sizes):
         ap.error("--bw-sizes needs sizes of at least 1 byte, got %r" % args.bw_sizes)
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
-    bad = [t for t in transports if not re.fullmatch(r"[a-z][a-z0-9_]*(:[A-Za-z0-9_;.-]+)?(@handler)?", t)]
+    bad = [t for t in transports if not re.fullmatch(r"[a-z][a-z0-9_]*(:[A-Za-z0-9_;.-]+)?(@handler|@serialized)?", t)]
     if not transports or bad:
         ap.error("--transports: %r: each entry is NAME or NAME:PROVIDER (shm, ofi:shm, ofi:tcp ...), optionally "
-                 "with @handler (latency with ferry-bench pingpong --inbox handler)" % args.transports)
+                 "with @handler (latency with ferry-bench pingpong --inbox handler) or @serialized "
+                 "(FERRY_LOCK_MODEL=serialized)" % args.transports)
     if len(set(transports)) != len(transports):
         ap.error("--transports lists an entry twice: %r" % args.transports)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}

@@ -287,6 +287,11 @@ struct Job {
       bool handler_inbox = false)
       : rt(runtime_options(devices_, lock_model)), threads(threads_) {
     devices = rt.device_count();
+    if (rt.options().settings.lock_model == ferry::LockModel::serialized && threads > devices) {
+      throw ferry::Error("--threads " + std::to_string(threads) + " on " + std::to_string(devices) +
+                         " devices: the serialized lock model lets one thread at a time into a device (give each "
+                         "thread its own: --devices " + std::to_string(threads) + ")");
+    }
     // All ranks of a ferryrun job share the host, so they compete for the same cores.
     yield = decide_yield(yield_mode, static_cast<unsigned>(threads) * static_cast<unsigned>(rt.size()));
     for (int t = 0; t < threads; ++t) {

@@ -303,7 +303,9 @@ struct RuntimeOptions {
 
 // How ranks find each other; `automatic` reads the launcher's variables (PMIX_RANK, PMI_FD).
 enum class BootstrapKind : std::uint8_t { automatic, single, pmi1, pmix };
-enum class LockModel : std::uint8_t { lockless, trylock, block, lockq, csync, offload };
+// `serialized`: no lock at all, by the application's promise that one thread at a time calls into
+// a device (a single-threaded program, or a device per thread).
+enum class LockModel : std::uint8_t { lockless, trylock, block, lockq, csync, offload, serialized };
 enum class FragmentMode : std::uint8_t { automatic, off, on };
 // Which backend reaches a peer: `automatic` is shared memory within a host, the network
 // backend (NetworkKind) across.

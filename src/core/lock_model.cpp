@@ -134,7 +134,9 @@ std::vector<std::pair<std::uint64_t, CsyncNode*>> all_nodes;  // for deletion wi
 
 LockModelImpl::LockModelImpl(DeviceImpl& device, LockModel model)
     : dev_(device), model_(model), generation_(next_generation.fetch_add(1, std::memory_order_relaxed)) {
-  if (model_ == LockModel::lockless) throw Error("LockModelImpl: lockless calls the device directly, without a lock model");
+  if (model_ == LockModel::lockless || model_ == LockModel::serialized) {
+    throw Error("LockModelImpl: lockless and serialized call the device directly, without a lock model");
+  }
   if (model_ == LockModel::csync) {
     auto* dummy = new CsyncNode;
     {
@@ -270,7 +272,8 @@ Status LockModelImpl::post(const A& args) {
       dev_.validate(args);
       return defer(args);
     case LockModel::lockless:
-      break;  // never wrapped: the constructor refuses it
+    case LockModel::serialized:
+      break;  // never wrapped: the constructor refuses them
   }
   __builtin_unreachable();
 }
@@ -312,7 +315,8 @@ bool LockModelImpl::progress() {
       std::this_thread::yield();
       return false;
     case LockModel::lockless:
-      break;  // never wrapped: the constructor refuses it
+    case LockModel::serialized:
+      break;  // never wrapped: the constructor refuses them
   }
   __builtin_unreachable();
 }
@@ -343,7 +347,8 @@ bool LockModelImpl::exclusive(bool (*fn)(DeviceImpl&, void*), void* ctx) {
       return r.result;
     }
     case LockModel::lockless:
-      break;  // never wrapped: the constructor refuses it
+    case LockModel::serialized:
+      break;  // never wrapped: the constructor refuses them
   }
   __builtin_unreachable();
 }

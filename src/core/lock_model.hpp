@@ -14,6 +14,12 @@
 //             kMaxCombine) for everyone, the others wait until theirs is done.
 //   offload   a dedicated communication thread performs every network operation and all
 //             progress; callers enqueue descriptors (as lockq does) and return `posted`.
+//   serialized no lock at all: the application promises that one thread at a time calls into a
+//             device (a single-threaded program, or a device per thread). As with lockless no
+//             LockModelImpl exists; unlike lockless the transports are told so, and UCX runs
+//             its worker UCS_THREAD_MODE_SERIALIZED, without the lock it takes per call
+//             otherwise (an atomic that, right after a send's store into the peer's queue, waits
+//             for that store to leave the core). Progress threads are refused with it.
 //
 // Semantics of a deferred post (lockq on contention, offload always) are those of the direct
 // call: an eager send (post_am / post_send up to the eager limit, a put up to the inject size)
@@ -23,10 +29,10 @@
 // Arguments are validated before a post is deferred, so bad input still throws ferry::Error
 // in the caller.
 //
-// Ownership: the runtime owns each device's DeviceImpl and, for every model but lockless, a
-// LockModelImpl next to it, destroyed first (an offload thread stops before the endpoint
-// closes). The public Device handle holds both pointers and sends each call through the lock
-// model when there is one, so the lockless path pays one predictable branch. The lock model
+// Ownership: the runtime owns each device's DeviceImpl and, for every model but lockless and
+// serialized, a LockModelImpl next to it, destroyed first (an offload thread stops before the
+// endpoint closes). The public Device handle holds both pointers and sends each call through
+// the lock model when there is one, so the direct path pays one predictable branch. The lock model
 // knows the device (lock_model.cpp includes device.hpp); the device never sees its lock model.
 #pragma once
 

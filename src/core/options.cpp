@@ -284,8 +284,10 @@ const RuntimeOptionTable& runtime_option_table() {
                   "daemon) ends, as progress sees it every FERRY_PEER_CHECK_MS: no rank outlives a killed mpirun"},
                  &O::launcher_watch, &S::launcher_watch),
           option({"lock_model", "FERRY_LOCK_MODEL", T::choice, "lockless",
-                  {"lockless", "trylock", "block", "lockq", "csync", "offload"}, 0, 0, nullptr,
-                  "lock model (how threads share a device): lockless, trylock, block, lockq, csync, offload"},
+                  {"lockless", "trylock", "block", "lockq", "csync", "offload", "serialized"}, 0, 0, nullptr,
+                  "lock model (how threads share a device): lockless, trylock, block, lockq, csync, offload, "
+                  "serialized (no lock: the application lets one thread at a time into a device, e.g. a device per "
+                  "thread; not with FERRY_PROGRESS=thread:N, nor under the parcel layer, whose workers share devices)"},
                  &O::lock_model, &S::lock_model),
           // One variable for the whole stack: the core reads it for its queues' algorithm (at
           // every CompletionQueue creation too) and the ferry parcelport for `sync`, which the

@@ -162,6 +162,11 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
                 std::to_string(config_.peer_check_ms) + ": a peer would be failed before enough checks saw its "
                 "heartbeats (raise FERRY_PEER_TIMEOUT_MS, lower FERRY_PEER_CHECK_MS, or set FERRY_PEER_TIMEOUT_MS=0)");
   }
+  if (config_.lock_model == LockModel::serialized && config_.progress.value == ProgressMode::thread) {
+    throw Error("FERRY_LOCK_MODEL=serialized with FERRY_PROGRESS=" + options_.value("progress") +
+                ": progress threads would call into devices beside the application's thread, which that model "
+                "does not allow (choose another lock model, or another progress mode)");
+  }
   recv_blocks::set_limit(config_.recv_cache);
   recv_blocks::set_huge_from(config_.recv_huge);
   boot_ = bootstrap::make_bootstrap(options_.value("bootstrap"));  // the row's text: auto, single, pmi1, pmix
@@ -181,7 +186,8 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   if (plan.ucx) ucx_ = net::ucx::open_context();
   std::vector<bool> away_ranks(static_cast<std::size_t>(size_));
   for (int r = 0; r < size_; ++r) away_ranks[static_cast<std::size_t>(r)] = !plan.on_host[static_cast<std::size_t>(r)];
-  // The lock model serialises every call into a device but with lockless: UCX need not.
+  // The lock model serialises every call into a device but with lockless (serialized: the
+  // application does): UCX need not.
   const bool serialized = config_.lock_model != LockModel::lockless;
   if (config_.launcher_watch && boot_->kind() != "single") {
     const pid_t parent = ::getppid();
@@ -218,7 +224,8 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
     }
     devices_.push_back(std::make_unique<DeviceImpl>(*this, d, config_, std::move(transports), route));
     const LockModel model = config_.lock_model;
-    lock_models_.push_back(model != LockModel::lockless ? std::make_unique<LockModelImpl>(*devices_.back(), model) : nullptr);
+    const bool direct = model == LockModel::lockless || model == LockModel::serialized;
+    lock_models_.push_back(direct ? nullptr : std::make_unique<LockModelImpl>(*devices_.back(), model));
     for (std::size_t t = 0; t < devices_.back()->transport_count(); ++t) {
       boot_->put("ferry.ep." + std::to_string(d) + "." + std::to_string(t), devices_.back()->transport(t).address());
     }

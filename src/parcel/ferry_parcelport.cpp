@@ -241,6 +241,10 @@ class FerryParcelport final : public Parcelport {
         iovec_(options.iovec),
         tags_(static_cast<std::size_t>(rt_.device_count())) {
     const RuntimeSettings& core = rt_.options().settings;
+    if (core.lock_model == LockModel::serialized) {
+      throw Error("FERRY_LOCK_MODEL=serialized: the parcel layer's worker threads share its devices, which that "
+                  "model does not allow (choose another lock model)");
+    }
     progress_ = core.progress.value;
     polling_ = settings_.device_polling;
     sendrecv_ = settings_.header == HeaderPrimitive::sendrecv;

@@ -81,6 +81,19 @@ inline std::vector<std::size_t> sizes() {
   return {0, 1, 7, 8, 64, 4080, 4081, 4095, 4096, 8144, 8176, 8192, 12000, 16384, 16385, 65536, 1u << 20, 64u << 20};
 }
 
+// Whether a thread of ferry's own progresses the devices (the offload model's, FERRY_PROGRESS=thread:N).
+inline bool another_thread_progresses() {
+  const ferry::RuntimeSettings& set = rt().options().settings;
+  return set.lock_model == ferry::LockModel::offload || set.progress.value != ferry::ProgressMode::explicit_calls;
+}
+
+// FERRY_LOCK_MODEL=serialized lets one thread at a time into a device: a test whose threads
+// share one skips under it (its ranks all alike, as the setting is the job's).
+inline bool serialized_model() { return rt().options().settings.lock_model == ferry::LockModel::serialized; }
+#define MP_SKIP_IF_THREADS_SHARE_A_DEVICE()                                                           \
+  if (serialized_model()) GTEST_SKIP() << "its threads share a device, which FERRY_LOCK_MODEL=serialized " \
+                                          "does not allow"
+
 inline int right() { return (rt().rank() + 1) % rt().size(); }
 inline int left() { return (rt().rank() + rt().size() - 1) % rt().size(); }
 

@@ -42,6 +42,9 @@ refused "FERRY_TRANSPORT=ofi FERRY_PROVIDER=bogus" "bogus"
 # A keepalive timeout too short for the check interval to see its heartbeats.
 refused "FERRY_PEER_TIMEOUT_MS=500" "FERRY_PEER_TIMEOUT_MS=500" "FERRY_PEER_CHECK_MS=200"
 refused "FERRY_PEER_TIMEOUT_MS=4000 FERRY_PEER_CHECK_MS=1001" "FERRY_PEER_TIMEOUT_MS=4000" "FERRY_PEER_CHECK_MS=1001"
+# No lock at all, and progress threads that would call into the devices beside the application.
+refused "FERRY_LOCK_MODEL=serialized FERRY_PROGRESS=thread:1" "FERRY_LOCK_MODEL=serialized" "FERRY_PROGRESS=thread:1"
+works "FERRY_LOCK_MODEL=serialized" "$hello"
 works "FERRY_PEER_TIMEOUT_MS=800" "$hello"
 works "FERRY_PEER_TIMEOUT_MS=0" "$hello"
 works "FERRY_PACKETS=257" "$hello"

@@ -48,6 +48,10 @@ TEST(Stress, ManyThreadsRandomSizesRandomPeersExactlyOnce) {
   const int n = rt().size();
   const long per_thread = (total + static_cast<long>(n) * threads - 1) / (static_cast<long>(n) * threads);
   const int devices = rt().device_count();
+  // Thread t uses device t % devices alone: under the serialized model, a device per thread.
+  if (serialized_model() && threads > devices) {
+    GTEST_SKIP() << threads << " threads share " << devices << " devices, which FERRY_LOCK_MODEL=serialized does not allow";
+  }
 
   ferry::CompletionQueue inbox;
   ferry::Exposure ex = rt().expose(inbox, 20);
@@ -278,6 +282,7 @@ unsigned char stress_byte(std::uint64_t seq, unsigned t, std::size_t j) {
 TEST(Stress, EachThreadsMessagesArriveInOrderUnderContention) {
   const int threads = static_cast<int>(env_long("FERRY_TEST_THREADS", 4));
   const long per_thread = env_long("FERRY_TEST_ORDERED", 20000);
+  MP_SKIP_IF_THREADS_SHARE_A_DEVICE();
   ferry::Device& dev = rt().device();
   ferry::CompletionQueue inbox;
   ferry::Exposure ex = rt().expose(inbox, 22);
@@ -361,6 +366,7 @@ TEST(Stress, BarriersRunWhileOtherThreadsPostAndProgress) {
   // Two ranks pass a barrier in a microsecond or so here; with three or four ranks and busy
   // threads on two cores each barrier took 100-200 ms (200 barriers: 27-39 s over shm).
   if (rt().size() != 2) GTEST_SKIP() << "two ranks only: with more, barriers under this load take 100+ ms each here";
+  MP_SKIP_IF_THREADS_SHARE_A_DEVICE();
   const int threads = 2;
   const int barriers = 2000;  // about 1 ms each on a loaded machine, a microsecond on a quiet one
   ferry::Device& dev = rt().device();

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <cstdlib>
 #include <string>
 
 #include "ferry/error.hpp"
@@ -38,6 +39,15 @@ TEST(ParcelportOptions, FerryRefusesHeaderReceivesOutOfRange) {
     o.header_recvs = bad;
     EXPECT_HAS(error_of(o), "ParcelportOptions::header_recvs=" + std::to_string(bad) + " is out of range");
   }
+}
+
+// Its worker threads share the devices, which the serialized lock model does not allow. (This
+// one does start a runtime: the lock model is the core's setting, read there.)
+TEST(ParcelportOptions, FerryRefusesTheSerializedLockModel) {
+  ::setenv("FERRY_LOCK_MODEL", "serialized", 1);
+  const std::string error = error_of(with_kind("ferry"));
+  ::unsetenv("FERRY_LOCK_MODEL");
+  EXPECT_HAS(error, "FERRY_LOCK_MODEL=serialized: the parcel layer's worker threads share its devices");
 }
 
 #ifdef FERRY_HAVE_PARCEL_MPI
