@@ -382,7 +382,8 @@ class Ferry(Impl):
 
     def describe(self):
         return {"env": self.env_set, "transport": self.seen_transport, "transport_source": self.transport_source,
-                "provider": self.seen_provider, "inbox": self.inbox or "queue"}
+                "provider": self.seen_provider, "inbox": self.inbox or "queue",
+                "lock_model": "serialized" if self.serialized else self.env.get("FERRY_LOCK_MODEL", "lockless (default)")}
 
 
 class RawLibfabric(Impl):
@@ -867,7 +868,7 @@ def main():
            "(`-O %d`). MB/s is 10^6 bytes/s (ucx_perftest prints MiB/s; converted from its message rate)." % (
                args.window, args.window),
            "- T-thread rate (T = %d): ferry-bench `--threads %d`, each thread its own stream to its own inbox on "
-           "one device, rates summed; UCX `ucx_perftest -T %d -M multi`, rates summed over its threads. The MPI "
+           "one device (a device each for the @serialized entries: `--devices T`), rates summed; UCX `ucx_perftest -T %d -M multi`, rates summed over its threads. The MPI "
            "program and ferry-fi-msgrate are single-threaded: n/a. With 2 ranks × T threads on %d cores the "
            "threads share cores." % (args.threads, args.threads, args.threads, os.cpu_count() or 0),
            "- Counts per run: %d round trips; %d messages per thread at 8 B; %s bytes per bandwidth run "

@@ -289,8 +289,8 @@ struct Job {
     devices = rt.device_count();
     if (rt.options().settings.lock_model == ferry::LockModel::serialized && threads > devices) {
       throw ferry::Error("--threads " + std::to_string(threads) + " on " + std::to_string(devices) +
-                         " devices: the serialized lock model lets one thread at a time into a device (give each "
-                         "thread its own: --devices " + std::to_string(threads) + ")");
+                         " devices: the serialized lock model lets one thread at a time into a device (run at most "
+                         "as many threads as devices; msgrate and pingpong take --devices)");
     }
     // All ranks of a ferryrun job share the host, so they compete for the same cores.
     yield = decide_yield(yield_mode, static_cast<unsigned>(threads) * static_cast<unsigned>(rt.size()));

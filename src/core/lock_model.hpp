@@ -15,8 +15,10 @@
 //   offload   a dedicated communication thread performs every network operation and all
 //             progress; callers enqueue descriptors (as lockq does) and return `posted`.
 //   serialized no lock at all: the application promises that one thread at a time calls into a
-//             device (a single-threaded program, or a device per thread). As with lockless no
-//             LockModelImpl exists; unlike lockless the transports are told so, and UCX runs
+//             device (a single-threaded program, or a device per thread); barrier() and
+//             finalize() call into every device, so no other thread may be in one then. As
+//             with lockless no LockModelImpl exists; unlike lockless the transports are told
+//             so (UCX is the one that uses it), and UCX runs
 //             its worker UCS_THREAD_MODE_SERIALIZED, without the lock it takes per call
 //             otherwise (an atomic that, right after a send's store into the peer's queue, waits
 //             for that store to leave the core). Progress threads are refused with it.

@@ -287,7 +287,8 @@ const RuntimeOptionTable& runtime_option_table() {
                   {"lockless", "trylock", "block", "lockq", "csync", "offload", "serialized"}, 0, 0, nullptr,
                   "lock model (how threads share a device): lockless, trylock, block, lockq, csync, offload, "
                   "serialized (no lock: the application lets one thread at a time into a device, e.g. a device per "
-                  "thread; not with FERRY_PROGRESS=thread:N, nor under the parcel layer, whose workers share devices)"},
+                  "thread, and none into any while one calls barrier or finalize; not with FERRY_PROGRESS=thread:N, "
+                  "nor under the parcel layer, whose workers share devices)"},
                  &O::lock_model, &S::lock_model),
           // One variable for the whole stack: the core reads it for its queues' algorithm (at
           // every CompletionQueue creation too) and the ferry parcelport for `sync`, which the
