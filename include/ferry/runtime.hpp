@@ -129,8 +129,8 @@ struct GetArgs {
   void* context = nullptr;
 };
 
-// What the device did so far: its lock model's work (all zero for lockless, trylock and
-// block), and the messages from the wire it dropped as malformed.
+// What the device did so far: its lock model's work (all zero for lockless, serialized,
+// trylock and block), and the messages from the wire it dropped as malformed.
 struct DeviceStats {
   std::uint64_t deferred = 0;           // posts handed to another thread (lockq, offload)
   std::uint64_t combined = 0;           // calls performed on behalf of other threads (lockq, csync)
@@ -166,7 +166,7 @@ class Device {
   friend class detail::RuntimeImpl;
   Device(detail::DeviceImpl* impl, detail::LockModelImpl* lock_model) noexcept : impl_(impl), lock_model_(lock_model) {}
   detail::DeviceImpl* impl_;
-  // The lock model in force (FERRY_LOCK_MODEL), or null for lockless: calls then go straight
+  // The lock model in force (FERRY_LOCK_MODEL), or null for lockless and serialized: calls then go straight
   // to impl_. Both are owned by the runtime.
   detail::LockModelImpl* lock_model_;
 };

@@ -117,7 +117,7 @@ class RuntimeImpl {
   // is not 0; used only by the keepalive thread once it runs.
   std::unique_ptr<HeartbeatChannel> heartbeats_;
   std::vector<std::unique_ptr<DeviceImpl>> devices_;
-  // Per device, its lock model or null (lockless). Declared after devices_, so destroyed
+  // Per device, its lock model or null (lockless, serialized). Declared after devices_, so destroyed
   // before them: an offload thread stops before its device's endpoint closes.
   std::vector<std::unique_ptr<LockModelImpl>> lock_models_;
   std::vector<Device> handles_;
