@@ -16,7 +16,7 @@ packages=(
   iproute2 util-linux                  # ip netns / unshare: the two-host tests in network namespaces
   valgrind                             # instruction counts (callgrind-am.sh, lock-evidence.sh)
   libopenblas-dev                      # DGEMM for the block-sparse multiply proxy (apps/bspmm)
-  clang libclang-rt-14-dev             # fuzz targets (scripts/fuzz.sh): clang's libFuzzer
+  clang libclang-rt-14-dev             # the sanitizer builds and fuzz targets: clang, its sanitizer runtimes and libFuzzer
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -16,9 +16,14 @@ dir=build${sanitize:+-$( [ "$sanitize" = address ] && echo asan || echo tsan )}
 # The TSan job runs no benchmark program (none of its tests is one): it does not build them.
 bench=ON
 if [ "$sanitize" = thread ]; then bench=OFF; fi
+# The sanitizer builds use clang: the same checks, built in about 40% less time than with gcc
+# (whose UBSan instrumentation makes header-heavy programs, CLI11's users, slow to compile),
+# and a second compiler's warnings. The plain build keeps the system's default compiler.
+compilers=()
+if [ -n "$sanitize" ]; then compilers=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++); fi
 # Line tables only (-g1): a failure's stack still names file and line, and the three builds take
 # about a quarter less time than with full debug information.
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
+cmake -S . -B "$dir" "${compilers[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
   "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" -DFERRY_SANITIZE="$sanitize" -DFERRY_BUILD_BENCH=$bench >"$dir.configure.log" 2>&1 ||
   { cat "$dir.configure.log"; exit 1; }
 cmake --build "$dir" -j"$(nproc)"
@@ -42,9 +47,13 @@ case "$sanitize" in
   # events stay off under the sanitizers, whose allocators they would patch.
   # The design-space variants over UCX repeat, on the same backend code, what the shm ones check.
   # The whole suites' four-rank runs repeat their two-rank runs with more peers: the four-rank
-  # tests that need them (departure, peer failure, pushed rendezvous, hybrid, netns hosts) stay.
+  # tests that need them (departure, peer failure, pushed rendezvous, hybrid over UCX) stay.
+  # The parcel layer's design-space variants run the same settings as the AMT runtime's, which
+  # stay. The two "hosts" joined by libfabric's tcp (mp_hybrid_4, mp_netns_hosts_4) run ofi tcp
+  # code, as above; mp_hybrid_ucx_4 keeps the routing between "hosts" and mp_netns_link_cut_4
+  # the keepalive.
   address) UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no run "large|tsan_only|lock_model|ofi_tcp|ucx_tcp|ucx_design" \
-             -E "^(mp_(shm|ofi_shm|ucx_sm)_4|parcel_(mpi|mpi_a|mpix|ferry_plain|ferry_iovec)_4)$" ;;
+             -E "^(mp_(shm|ofi_shm|ucx_sm)_4|parcel_(mpi|mpi_a|mpix|ferry_plain|ferry_iovec)_4|mp_hybrid_4|mp_netns_hosts_4|parcel_ferry_(am|sendrecv|progress|polling|queues|sync)_.*)$" ;;
   # The concurrent data structures (the shared-memory cell queue and transport included), the
   # stress tests over both shared-memory paths and UCX's, and the combining lock models.
   # libferry links UCX, whose memory hooks (libucm, installed at load) crash TSan's runtime:

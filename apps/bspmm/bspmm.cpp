@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -75,6 +76,11 @@ struct App {
   Clock::time_point t0[2], t1[2];
   std::atomic<int> ready_ranks{0};       // rank 0: ranks whose windows are all exposed
   std::atomic<int> finished_stage{-1};  // rank 0: the last stage every rank finished; others: told to stop = 1
+  // Stage s's data and windows are ready on this rank. A rank's stages start on rank 0's word
+  // ("go"), which rank 0 sends only after this rank said it is ready, after prepare(): the
+  // order holds through the other process, where TSan cannot see it. start() acquires this
+  // release, so the order is also one within the process.
+  std::atomic<bool> prepared[2] = {false, false};
 
   void prepare(int s, const bspmm::Stage& st) {
     StageData& d = stages[s];
@@ -93,6 +99,7 @@ struct App {
     }
     d.wa = rt->expose(d.a.data(), d.a.size() * sizeof(double));
     d.wb = rt->expose(d.b.data(), d.b.size() * sizeof(double));
+    prepared[s].store(true, std::memory_order_release);
   }
 
   // Starts this rank's next task of stage s, if any is left.
@@ -181,7 +188,13 @@ struct App {
     if (d.added.fetch_add(1, std::memory_order_acq_rel) + 1 == l.contributions_to(me)) report(s);
   }
 
-  void start(int s) {
+  void start(int s) {  // s: from the wire on every rank but 0
+    if (s < 0 || s > 1) {
+      bad_messages.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    // Never waits in practice (see prepared).
+    while (!prepared[s].load(std::memory_order_acquire)) std::this_thread::yield();
     StageData& d = stages[s];
     if (d.layout->contributions_to(me) == 0) report(s);
     const std::size_t first = std::min(in_flight, d.layout->tasks(me).size());

@@ -12,6 +12,7 @@ thread_local bool counting = false;
 thread_local std::size_t allocations = 0;
 }  // namespace
 
+#ifndef FERRY_TEST_NO_ALLOCATION_COUNT
 void* operator new(std::size_t size) {
   if (counting) ++allocations;
   if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
@@ -24,6 +25,7 @@ void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+#endif
 
 namespace ferry::test {
 
