@@ -34,6 +34,23 @@ ferry::Completion pop_one(ferry::Device& dev, ferry::CompletionQueue& cq) {
 
 }  // namespace
 
+// The row-at-a-time fill and check (mp_common.hpp) against the byte-wise definition.
+TEST(Pattern, RowsAgreeWithTheByteDefinitionAndFindTheFirstWrongByte) {
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{255}, std::size_t{4097}, std::size_t{3 * 4096 + 300}}) {
+    std::vector<unsigned char> v(n);
+    fill(v, 3);
+    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(v[i], pattern(3, n, i)) << "n " << n << ", byte " << i;
+    EXPECT_EQ(first_mismatch(v.data(), n, 3, n), -1);
+    for (const std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+      if (n == 0) break;
+      v[at] ^= 0x40;
+      EXPECT_EQ(first_mismatch(v.data(), n, 3, n), static_cast<long long>(at)) << "n " << n;
+      EXPECT_EQ(first_mismatch(v.data(), n, 4, n), 0) << "another sender's pattern";
+      v[at] ^= 0x40;
+    }
+  }
+}
+
 TEST(ActiveMessage, EverySizeArrivesIntactInTheTargetQueue) {
   ferry::Device& dev = rt().device();
   ferry::CompletionQueue inbox;
