@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds ferry from scratch and runs the whole test suite.
 #   scripts/test.sh                      # the full suite (build/)
-#   scripts/test.sh --sanitize address   # ASan+UBSan build (build-asan/), all but tcp-only and >2 GiB
+#   scripts/test.sh --sanitize address   # ASan+UBSan build (build-asan/), all but what its case below leaves out
 #   scripts/test.sh --sanitize thread    # TSan build (build-tsan/), the concurrency tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +41,8 @@ run() {  # run LABEL-EXCLUDE-REGEX [ctest args...]: the unit pass, then the rest
 }
 case "$sanitize" in
   "") run tsan_only ;;
-  # 2 GiB under ASan needs 3x the memory; the lock-model variants repeat what TSan checks;
+  # 2 GiB under ASan needs 3x the memory; the lock-model variants are the TSan job's (the soak
+  # keeps the models with code of their own: lockless, lockq, csync, offload);
   # libfabric's tcp provider runs the same ofi backend code as its shm provider does, and
   # UCX's tcp the same ucx backend code as UCX's shared memory. UCX's malloc hooks and memory
   # events stay off under the sanitizers, whose allocators they would patch.
@@ -49,9 +50,9 @@ case "$sanitize" in
   # The whole suites' four-rank runs repeat their two-rank runs with more peers: the four-rank
   # tests that need them (departure, peer failure, pushed rendezvous, hybrid over UCX) stay.
   # The parcel layer's design-space variants run the same settings as the AMT runtime's, which
-  # stay. The two "hosts" joined by libfabric's tcp (mp_hybrid_4, mp_netns_hosts_4) run ofi tcp
-  # code, as above; mp_hybrid_ucx_4 keeps the routing between "hosts" and mp_netns_link_cut_4
-  # the keepalive.
+  # stay. The core suite on two "hosts" joined by libfabric's tcp (mp_hybrid_4, mp_netns_hosts_4)
+  # runs ofi tcp code, as above; mp_hybrid_ucx_4 keeps the core suite's routing between "hosts",
+  # mp_netns_link_cut_4 the keepalive, and the parcel and AMT hybrid jobs stay.
   address) UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no run "large|tsan_only|lock_model|ofi_tcp|ucx_tcp|ucx_design" \
              -E "^(mp_(shm|ofi_shm|ucx_sm)_4|parcel_(mpi|mpi_a|mpix|ferry_plain|ferry_iovec)_4|mp_hybrid_4|mp_netns_hosts_4|parcel_ferry_(am|sendrecv|progress|polling|queues|sync)_.*)$" ;;
   # The concurrent data structures (the shared-memory cell queue and transport included), the

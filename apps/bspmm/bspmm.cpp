@@ -20,10 +20,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -77,9 +77,10 @@ struct App {
   std::atomic<int> ready_ranks{0};       // rank 0: ranks whose windows are all exposed
   std::atomic<int> finished_stage{-1};  // rank 0: the last stage every rank finished; others: told to stop = 1
   // Stage s's data and windows are ready on this rank. A rank's stages start on rank 0's word
-  // ("go"), which rank 0 sends only after this rank said it is ready, after prepare(): the
-  // order holds through the other process, where TSan cannot see it. start() acquires this
-  // release, so the order is also one within the process.
+  // ("go"), which rank 0 sends only after this rank said it is ready, after prepare(), and
+  // products arrive only after their senders' stage started: the order holds through other
+  // processes, where TSan cannot see it. start() and bad() acquire this release, so the order
+  // is also one within the process.
   std::atomic<bool> prepared[2] = {false, false};
 
   void prepare(int s, const bspmm::Stage& st) {
@@ -165,7 +166,7 @@ struct App {
 
   // C's owner: adds one product into block (i, j). Bytes from the wire: checked first.
   bool bad(int s, int i, int j, const Blob& p) const {
-    if (s < 0 || s > 1 || !stages[s].layout) return true;
+    if (s < 0 || s > 1 || !prepared[s].load(std::memory_order_acquire)) return true;
     const bspmm::Layout& l = *stages[s].layout;
     const int n = l.stage().blocks;
     return i < 0 || j < 0 || i >= n || j >= n || l.c_owner(i, j) != me || p.size() != l.block_doubles() * sizeof(double);
@@ -189,12 +190,13 @@ struct App {
   }
 
   void start(int s) {  // s: from the wire on every rank but 0
-    if (s < 0 || s > 1) {
-      bad_messages.fetch_add(1, std::memory_order_relaxed);
-      return;
+    if (s < 0 || s > 1 || !prepared[s].load(std::memory_order_acquire)) {
+      // A stage that cannot start here would leave rank 0 waiting for its report: end the job.
+      std::fprintf(stderr, "ferry-bspmm: rank %d: told to start stage %d, which %s\n", me, s,
+                   s < 0 || s > 1 ? "does not exist (stages are 0 and 1)" : "this rank has not prepared");
+      std::fflush(stderr);
+      std::_Exit(1);
     }
-    // Never waits in practice (see prepared).
-    while (!prepared[s].load(std::memory_order_acquire)) std::this_thread::yield();
     StageData& d = stages[s];
     if (d.layout->contributions_to(me) == 0) report(s);
     const std::size_t first = std::min(in_flight, d.layout->tasks(me).size());
@@ -210,8 +212,11 @@ struct App {
     if (me == 0) on_done(s, counters(s));
     else rt->async(0, done, s, counters(s));
   }
-  void on_done(int s, const std::vector<std::uint64_t>& c) {
-    if (s < 0 || s > 1) return;
+  void on_done(int s, const std::vector<std::uint64_t>& c) {  // s and c: from the wire
+    if (s < 0 || s > 1) {
+      bad_messages.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
     {
       std::lock_guard<std::mutex> g(totals_lock);
       for (std::size_t i = 0; i < totals[s].size() && i < c.size(); ++i) totals[s][i] += c[i];
@@ -274,7 +279,11 @@ int main(int argc, char** argv) {
     });
     auto ready = rt.action("bspmm.ready", []() { a.ready_ranks.fetch_add(1, std::memory_order_acq_rel); });
     auto check = rt.action("bspmm.check", [](int s) {
-      const StageData& d = a.stages[s < 0 || s > 1 ? 0 : s];
+      if (s < 0 || s > 1 || !a.prepared[s].load(std::memory_order_acquire)) {  // s: from the wire
+        a.bad_messages.fetch_add(1, std::memory_order_relaxed);
+        return std::vector<double>{};  // rank 0 takes a reply without two values as a failed check
+      }
+      const StageData& d = a.stages[s];
       const bspmm::Check c = bspmm::check_rank(*d.layout, a.me, d.c.data());
       return std::vector<double>{c.diff2, c.ref2};
     });
@@ -305,7 +314,11 @@ int main(int argc, char** argv) {
             } else {
               c = rt.async_future(r, check, s).get();
             }
-            if (c.size() == 2) diff2[static_cast<std::size_t>(s)] += c[0], ref2[static_cast<std::size_t>(s)] += c[1];
+            if (c.size() == 2) {
+              diff2[static_cast<std::size_t>(s)] += c[0], ref2[static_cast<std::size_t>(s)] += c[1];
+            } else {
+              diff2[static_cast<std::size_t>(s)] = std::numeric_limits<double>::infinity();  // not checked
+            }
           }
         }
       }

@@ -36,13 +36,15 @@ ferry::Completion pop_one(ferry::Device& dev, ferry::CompletionQueue& cq) {
 
 // The row-at-a-time fill and check (mp_common.hpp) against the byte-wise definition.
 TEST(Pattern, RowsAgreeWithTheByteDefinitionAndFindTheFirstWrongByte) {
-  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{255}, std::size_t{4097}, std::size_t{3 * 4096 + 300}}) {
+  for (const std::size_t n : {0, 1, 255, 256, 257, 4095, 4096, 4097, 8192, 3 * 4096 + 300}) {
     std::vector<unsigned char> v(n);
     fill(v, 3);
     for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(v[i], pattern(3, n, i)) << "n " << n << ", byte " << i;
     EXPECT_EQ(first_mismatch(v.data(), n, 3, n), -1);
+    if (n == 0) continue;
+    // A prefix checked against the whole message's pattern (as a truncated receive is).
+    EXPECT_EQ(first_mismatch(v.data(), n - 1, 3, n), -1);
     for (const std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
-      if (n == 0) break;
       v[at] ^= 0x40;
       EXPECT_EQ(first_mismatch(v.data(), n, 3, n), static_cast<long long>(at)) << "n " << n;
       EXPECT_EQ(first_mismatch(v.data(), n, 4, n), 0) << "another sender's pattern";

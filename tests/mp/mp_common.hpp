@@ -59,8 +59,8 @@ inline unsigned char pattern(int src, std::size_t size, std::size_t i) {
 
 // The pattern a row at a time: within 4096-byte block k the byte at i is row_k[i % 256] (i * 13
 // mod 256 repeats every 256 bytes, and i >> 12 is k throughout the block), so fill and check
-// copy and compare rows instead of computing each byte; a 64 MiB message in the suite and
-// 2 GiB in the large test go at memory speed.
+// copy and compare whole rows; a 64 MiB message in the suite and 2 GiB in the large test go
+// at memory speed.
 template <class Run>
 void for_each_pattern_run(int src, std::size_t size, std::size_t n, Run&& run) {
   unsigned char row[256];
