@@ -79,8 +79,8 @@ struct App {
   // Stage s's data and windows are ready on this rank. A rank's stages start on rank 0's word
   // ("go"), which rank 0 sends only after this rank said it is ready, after prepare(), and
   // products arrive only after their senders' stage started: the order holds through other
-  // processes, where TSan cannot see it. start() and bad() acquire this release, so the order
-  // is also one within the process.
+  // processes, where TSan cannot see it. Every handler of a stage from the wire (start, bad,
+  // check) acquires this release, so the order is also one within the process.
   std::atomic<bool> prepared[2] = {false, false};
 
   void prepare(int s, const bspmm::Stage& st) {

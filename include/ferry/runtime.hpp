@@ -166,8 +166,8 @@ class Device {
   friend class detail::RuntimeImpl;
   Device(detail::DeviceImpl* impl, detail::LockModelImpl* lock_model) noexcept : impl_(impl), lock_model_(lock_model) {}
   detail::DeviceImpl* impl_;
-  // The lock model in force (FERRY_LOCK_MODEL), or null for lockless and serialized: calls then go straight
-  // to impl_. Both are owned by the runtime.
+  // The lock model in force (FERRY_LOCK_MODEL), or null for lockless and serialized: calls
+  // then go straight to impl_. Both are owned by the runtime.
   detail::LockModelImpl* lock_model_;
 };
 
