@@ -60,8 +60,7 @@ inline unsigned char pattern(int src, std::size_t size, std::size_t i) {
 
 // The pattern a row at a time: within 4096-byte block k the byte at i is row_k[i % 256] (i * 13
 // mod 256 repeats every 256 bytes, and i >> 12 is k throughout the block), so fill and check
-// copy and compare whole rows; a 64 MiB message in the suite and 2 GiB in the large test go
-// at memory speed.
+// copy and compare whole rows; 64 MiB messages and 2 GiB in the large runs go at memory speed.
 template <class Run>
 void for_each_pattern_run(int src, std::size_t size, std::size_t n, Run&& run) {
   unsigned char row[256];
@@ -99,11 +98,12 @@ inline long long first_mismatch(const void* data, std::size_t n, int src, std::s
   return at;
 }
 
-// The largest message the data-path tests move: 5 MiB + 3 bytes, two and a half of the
-// rendezvous windows (2 MiB: the pushed write's and UCX's get over active messages) with a tail
-// no multiple of a word. The large runs (FERRY_TEST_LARGE, `mp_*_beyond_2GiB`) move 64 MiB
-// instead, 32 windows: what such a size tests depends on the transport, not on the ranks or the
-// settings, and at 64 MiB the page faults of fresh buffers took two thirds of each run's time.
+// The largest message the data-path tests move: 5 MiB + 3 bytes, larger than the 2 MiB windows
+// of bytes in flight (the pushed write's, UCX's get over active messages), which then let it
+// through alone, with a tail no multiple of a word. No limit in ferry lies between this and
+// 64 MiB (transfers split only at a transport's max_rma_size, 1 GiB or more), which the large
+// runs (FERRY_TEST_LARGE, `mp_*_beyond_2GiB`, one per provider) move instead: fresh buffers of
+// 64 MiB in every run of the suite cost their page faults many times over.
 inline std::size_t largest_size() {
   return std::getenv("FERRY_TEST_LARGE") != nullptr ? std::size_t{64} << 20 : (std::size_t{5} << 20) + 3;
 }
