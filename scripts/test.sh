@@ -42,8 +42,8 @@ run() {  # run LABEL-EXCLUDE-REGEX [ctest args...]: the unit pass, then the rest
 case "$sanitize" in
   "") run tsan_only ;;
   # 2 GiB under ASan needs 3x the memory (the large runs' 64 MiB data path goes with it; the
-  # suite's own runs stop at 5 MiB + 3, past every window); the lock-model variants are the TSan job's (the soak
-  # keeps the models with code of their own: lockless, lockq, csync, offload);
+  # suite's own runs stop at 5 MiB + 3, past every window); the lock-model variants are the
+  # TSan job's (the soak keeps the models with code of their own: lockless, lockq, csync, offload);
   # libfabric's tcp provider runs the same ofi backend code as its shm provider does, and
   # UCX's tcp the same ucx backend code as UCX's shared memory. UCX's malloc hooks and memory
   # events stay off under the sanitizers, whose allocators they would patch.

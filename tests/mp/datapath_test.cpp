@@ -1,5 +1,6 @@
-// Every operation, every size from 0 bytes to 5 MiB (64 MiB in the large runs, FERRY_TEST_LARGE),
-// data verified, on a ring of ranks: each rank sends to its right neighbour and receives from its left.
+// Every operation, every size from 0 bytes to 5 MiB (64 MiB in the large runs,
+// FERRY_TEST_LARGE), data verified, on a ring of ranks: each rank sends to its right neighbour
+// and receives from its left.
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -606,8 +607,8 @@ TEST(Large, SendRecvBeyondTwoGiB) {
   // fails here with its reason, and neither waits for a transfer that will not come.
   std::optional<LargeBuffer> buf;
   if (rt().rank() < 2) buf.emplace(size);
-  const int mapped = buf && buf->get() == nullptr ? buf->error() : 0;
-  const std::vector<int> errors = allgather<int>("mp.large.mapped", mapped);
+  const int map_error = buf && buf->get() == nullptr ? buf->error() : 0;
+  const std::vector<int> errors = allgather<int>("mp.large.map_error", map_error);
   for (int r = 0; r < 2; ++r) {
     ASSERT_EQ(errors[static_cast<std::size_t>(r)], 0)
         << "rank " << r << ": mmap of " << size << " bytes: " << std::strerror(errors[static_cast<std::size_t>(r)]);
