@@ -86,7 +86,8 @@ struct Shared {
   static constexpr std::size_t kStride = CellQueue::stride_for(8192);
   // Each queue laid out as in a segment (segment.hpp): its counters and cells at the same
   // offsets, so the raw queue is measured with the transport's cache-line placement.
-  static constexpr std::size_t kQueueBytes = ferry::net::shm::kCellsOffset + kCells * kStride;
+  static constexpr std::size_t kClaimsOffset = ferry::net::shm::claims_offset(kCells, kStride);
+  static constexpr std::size_t kQueueBytes = kClaimsOffset + CellQueue::claims_bytes(kCells);
   unsigned char* base = nullptr;
   std::atomic<int>* go = nullptr;  // start flag per run
 
@@ -103,14 +104,15 @@ struct Shared {
   void reset() {
     using namespace ferry::net::shm;
     for (int i = 0; i < 4; ++i) {
-      CellQueue::initialize(queue_mem(i) + kTailOffset, queue_mem(i) + kHeadOffset, queue_mem(i) + kCellsOffset, kCells, kStride);
+      CellQueue::initialize(queue_mem(i) + kTailOffset, queue_mem(i) + kHeadOffset, queue_mem(i) + kCellsOffset,
+                            queue_mem(i) + kClaimsOffset, kCells, kStride);
     }
   }
   CellQueue mpsc(int to) const {
     using namespace ferry::net::shm;
     return CellQueue(reinterpret_cast<std::atomic<std::uint64_t>*>(queue_mem(to) + kTailOffset),
                      reinterpret_cast<std::atomic<std::uint64_t>*>(queue_mem(to) + kHeadOffset), queue_mem(to) + kCellsOffset,
-                     kCells, kStride);
+                     reinterpret_cast<std::atomic<std::uint64_t>*>(queue_mem(to) + kClaimsOffset), kCells, kStride);
   }
   SpscRing spsc(int to) const { return SpscRing(queue_mem(2 + to) + ferry::net::shm::kCellsOffset, kCells, kStride); }
 };

@@ -24,10 +24,12 @@ using ferry::net::shm::CellQueue;
 struct QueueMemory {
   QueueMemory(std::uint64_t count, std::size_t payload)
       : stride(CellQueue::stride_for(payload)),
-        mem(static_cast<unsigned char*>(std::aligned_alloc(64, 256 + count * stride))) {
-    CellQueue::initialize(mem, mem + 128, mem + 256, count, stride);
+        mem(static_cast<unsigned char*>(std::aligned_alloc(64, 256 + count * stride + CellQueue::claims_bytes(count)))) {
+    unsigned char* claims = mem + 256 + count * stride;
+    CellQueue::initialize(mem, mem + 128, mem + 256, claims, count, stride);
     queue = CellQueue(reinterpret_cast<std::atomic<std::uint64_t>*>(mem),
-                      reinterpret_cast<std::atomic<std::uint64_t>*>(mem + 128), mem + 256, count, stride);
+                      reinterpret_cast<std::atomic<std::uint64_t>*>(mem + 128), mem + 256,
+                      reinterpret_cast<std::atomic<std::uint64_t>*>(claims), count, stride);
   }
   ~QueueMemory() { std::free(mem); }
   std::size_t stride;
@@ -157,6 +159,65 @@ TEST(ShmCellQueue, ACellClaimedByAFailedRankIsPassed) {
   int claimed = 0;
   while (m.queue.try_claim(pos, CellQueue::claim_mark(2)) != nullptr) ++claimed;
   EXPECT_EQ(claimed, 7);
+}
+
+// A sender killed right after its claim, before it moved the tail hint: the claim word alone
+// names it. Other producers pass the taken position; the consumer, once the claimer is known
+// failed, passes its cell, which is free again a lap later; and a tail hint that went back (a
+// slow claimer's late store) costs a search, never a position claimed twice.
+TEST(ShmCellQueue, AClaimWordNamesItsClaimerAndTheTailIsOnlyAHint) {
+  QueueMemory m(8, 16);
+  auto* tail = reinterpret_cast<std::atomic<std::uint64_t>*>(m.mem);
+  auto* words = reinterpret_cast<std::atomic<std::uint64_t>*>(m.mem + 256 + 8 * m.stride);
+  // Rank 3 claims position 0 (its word, as try_claim writes it) and dies before the tail moves.
+  words[0].store(CellQueue::claim_word(0, 3));
+  ASSERT_EQ(tail->load(), 0u);
+  std::uint64_t pos = 99;
+  CellHeader* live = m.queue.try_claim(pos, CellQueue::claim_mark(1));
+  ASSERT_NE(live, nullptr);
+  EXPECT_EQ(pos, 1u) << "position 0 is taken: the next claim is position 1";
+  live->arg0 = 7;
+  CellQueue::publish(live, pos);
+  std::uint64_t head = 0;
+  EXPECT_EQ(m.queue.peek(head), nullptr);
+  EXPECT_FALSE(m.queue.skip_dead_claim(head, [](int r) { return r == 1; })) << "rank 3, not rank 1, claimed it";
+  ASSERT_TRUE(m.queue.skip_dead_claim(head, [](int r) { return r == 3; }));
+  ++head;
+  ASSERT_NE(m.queue.peek(head), nullptr);
+  EXPECT_EQ(m.queue.peek(head)->arg0, 7u);
+  m.queue.free_below(++head);
+  // Positions 2 and 3 claimed and published; then the hint goes back to 0.
+  for (std::uint64_t want = 2; want < 4; ++want) {
+    CellHeader* c = m.queue.try_claim(pos, CellQueue::claim_mark(1));
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(pos, want);
+    CellQueue::publish(c, pos);
+  }
+  tail->store(0);
+  CellHeader* c = m.queue.try_claim(pos, CellQueue::claim_mark(2));
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(pos, 4u) << "an old hint: the search passes every taken position";
+  EXPECT_EQ(tail->load(), 5u);
+  CellQueue::publish(c, pos);
+  // An unclaimed position is never passed, whatever has failed.
+  EXPECT_FALSE(m.queue.skip_dead_claim(5, [](int) { return true; }));
+  // Cell 0, passed, is free for position 8: the consumer reads positions 2..4, and producers
+  // then fill positions 5..12 (8 cells), cell 0 among them.
+  for (; head < 5; ++head) ASSERT_NE(m.queue.peek(head), nullptr) << "position " << head;
+  m.queue.free_below(head);
+  for (std::uint64_t want = 5; want < 13; ++want) {
+    CellHeader* d = m.queue.try_claim(pos, CellQueue::claim_mark(1));
+    ASSERT_NE(d, nullptr) << "position " << want;
+    EXPECT_EQ(pos, want);
+    d->arg0 = want;
+    CellQueue::publish(d, pos);
+  }
+  EXPECT_EQ(m.queue.try_claim(pos), nullptr) << "full";
+  for (; head < 13; ++head) {
+    CellHeader* d = m.queue.peek(head);
+    ASSERT_NE(d, nullptr) << "position " << head;
+    EXPECT_EQ(d->arg0, head);
+  }
 }
 
 TEST(ShmCellQueue, ConcurrentProducersExactlyOnceInOrder) {

@@ -3,29 +3,45 @@
 //
 // Layout. The queue lives in its receiver's shared-memory segment: a tail counter on a cache
 // line of its own, a head counter on another, then `count` cells (a power of two) of `stride`
-// bytes each, stride a multiple of the cache line. A cell is a 40-byte CellHeader followed by
-// its payload inline, so a message of up to 24 bytes touches exactly one cache line on the way
-// in and one on the way out. The consumer's working head is private; the shared head is how
-// far it has freed cells, stored once per poll.
+// bytes each, stride a multiple of the cache line, then `count` claim words (8 bytes each). A
+// cell is a 40-byte CellHeader followed by its payload inline, so a message of up to 24 bytes
+// touches exactly one cache line on the way in and one on the way out. The consumer's working
+// head is private; the shared head is how far it has freed cells, stored once per poll.
 //
 // Algorithm (a bounded multi-producer, single-consumer queue: Vyukov's cell sequence numbers
-// for publication, a shared head for room). Cell i starts with seq = i. A position p maps to
-// cell p & (count-1). A producer claims position p with a CAS tail: p -> p+1, allowed only
-// while p < head + count (head: the shared head, every position below it consumed and free).
-// It marks the cell claimed (seq = claimed_seq(p, its rank): the top bit set, so the cell does
-// not read as published), fills it, then stores seq = p+1. The consumer at position h reads
-// the cell once seq == h+1 (a value no earlier lap and no mark can hold), and later stores a
-// head past it. A sender that dies between claim and publish leaves its mark: once that rank
-// is known failed, the consumer moves past the cell (skip_dead_claim) instead of waiting
-// forever. Only the one instruction between the CAS and the mark is unprotected.
+// for publication, a shared head for room, a claim word per cell for ownership). A position p
+// maps to cell p & (count-1) and to the claim word of the same index. A producer claims p with
+// one CAS on that claim word, from "the previous lap's position" (p - count, the value every
+// word starts with or was last claimed with) to (p, its rank), allowed only while p < head +
+// count (head: the shared head, every position below it consumed and free). It then fills the
+// cell (its seq first marked busy, then the header and payload) and stores seq = p+1. The
+// consumer at position h reads the cell once seq == h+1 (a value no earlier lap and no busy
+// mark can hold), and later stores a head past it. The tail is only a hint of
+// where to start: the claimer of p stores p+1 there, and a producer that finds the word of its
+// position taken (claimed for p, or for a later lap's position when its hint was old) moves
+// past the position the word names. Every position below a claimed one was claimed (claims
+// are made in order from the hint, and the hint only ever holds a claimed position + 1), so
+// claims leave no gap.
 //
-// Why room comes from a head rather than from each cell's seq: a producer that read the
-// cell's seq to see it free would pull the line the consumer is spinning on before writing
-// it, and the consumer's release store would pull it back again; with the cores far apart
-// each such transfer costs a few hundred nanoseconds. Here a producer's first touch of the
-// cell is a store, the mark, fill and publish leave its store buffer together, and the
-// consumer never writes a cell. Producers read the shared head only when the head they last
-// saw (seen_head_) leaves no room, so its line stays with the consumer.
+// A sender that dies: the claim and the record of who claimed are one atomic write, so there
+// is no instant at which a position is taken but its owner unknown. Once the claimer's rank is
+// known failed, the consumer, finding the cell unpublished, reads the claim word and moves past
+// the cell (skip_dead_claim) instead of waiting forever. (The claim was once a CAS on the tail
+// followed by a mark in the cell: a sender killed between the two, in a window of a few
+// instructions that preemption can stretch to a time slice, left a cell nobody could name,
+// and the receiver stalled behind it.)
+//
+// Why room comes from a head rather than from each cell's seq, and why ownership is not marked
+// in the cell: a producer that read or CASed the cell would pull the line the consumer is
+// spinning on before writing it, and the consumer's next read would pull it back before the
+// producer's stores; with the cores far apart each such transfer costs a few hundred
+// nanoseconds. Here a producer's first touch of the cell is a store (the busy mark), mark,
+// fill and publish leave its store buffer together, and the consumer never writes a cell. The claim words and the tail
+// are lines only producers touch (the consumer reads a claim word only for a failed rank), and
+// producers read the shared head only when the head they last saw (seen_head_) leaves no
+// room, so its line stays with the consumer. (Claiming by a CAS on the cell's seq instead
+// halved ferry's 8 B message rate with the cores far apart; the claim words cost the raw
+// transport's streaming rate up to a fifth and ferry's nothing within noise: README.md here.)
 //
 // Contract
 //  - try_claim()/publish() by any thread of any process that maps the segment, concurrently.
@@ -39,10 +55,12 @@
 //    holder. Cells come out in the order their positions were claimed, so two messages of
 //    one sending thread arrive in the order sent. A cell the consumer has passed stays
 //    readable until it frees it with free_below(): that is how the transport lends payloads.
-//  - Nothing here trusts the cells' contents or the shared counters: the consumer validates
+//  - Nothing here trusts the cells' contents or the shared words: the consumer validates
 //    every header field it uses (the transport does that). A corrupt seq can only make a cell
 //    look empty or full; a corrupt head can only make producers overwrite cells whose
-//    messages the consumer then validates.
+//    messages the consumer then validates; a corrupt claim word can only make producers
+//    pass a position (the consumer then waits there, as for a cell never published), a
+//    corrupt tail only change where they start looking (far ahead: the queue looks full).
 //  - Lock-free, no system call, no allocation.
 //
 // Memory orders
@@ -50,13 +68,13 @@
 //    producer loads it with acquire, so those reads happen before the producer overwrites a
 //    cell. seen_head_ (this process's copy) is stored with release and loaded with acquire so
 //    that a thread using another thread's copy is ordered after the consumer's reads too.
-//  - The CAS on tail is relaxed (and the tail loads too): tail only arbitrates which producer
-//    owns a position — the CAS's atomicity gives that alone — and carries no data; room is
-//    decided by the head, data handoff by the cell's seq.
+//  - The claim word's loads and CAS are relaxed: the CAS's atomicity alone decides which
+//    producer owns a position, and the word carries no data (room is decided by the head, data
+//    handoff by the cell's seq). The consumer reads a claim word (relaxed) only for a rank
+//    already failed, whose process writes nothing more. The tail hint is relaxed: a stale or
+//    regressed hint costs a producer a few more claim-word loads, never a wrong claim.
 //  - publish() stores seq = p+1 with release, ordering the cell's header and payload before
 //    it; the consumer's acquire load of seq pairs with it.
-//  - The claim mark is relaxed: it orders no data, and the consumer acts on it only for a
-//    rank already failed, whose process writes nothing more.
 #pragma once
 
 #include <atomic>
@@ -105,17 +123,18 @@ class CellQueue {
  public:
   CellQueue() = default;
   // tail, head: the shared counters (each on its own cache line); cells: the first cell
-  // (cache-line aligned); count: a power of two.
+  // (cache-line aligned); claims: the first of `count` claim words; count: a power of two.
   CellQueue(std::atomic<std::uint64_t>* tail, std::atomic<std::uint64_t>* head, unsigned char* cells,
-            std::uint64_t count, std::size_t stride) noexcept
-      : tail_(tail), head_(head), cells_(cells), mask_(count - 1), stride_(stride) {}
+            std::atomic<std::uint64_t>* claims, std::uint64_t count, std::size_t stride) noexcept
+      : tail_(tail), head_(head), cells_(cells), claims_(claims), mask_(count - 1), stride_(stride) {}
   CellQueue(const CellQueue& o) noexcept
-      : tail_(o.tail_), head_(o.head_), cells_(o.cells_), mask_(o.mask_), stride_(o.stride_),
+      : tail_(o.tail_), head_(o.head_), cells_(o.cells_), claims_(o.claims_), mask_(o.mask_), stride_(o.stride_),
         seen_head_(o.seen_head_.load(std::memory_order_acquire)) {}
   CellQueue& operator=(const CellQueue& o) noexcept {
     tail_ = o.tail_;
     head_ = o.head_;
     cells_ = o.cells_;
+    claims_ = o.claims_;
     mask_ = o.mask_;
     stride_ = o.stride_;
     seen_head_.store(o.seen_head_.load(std::memory_order_acquire), std::memory_order_release);
@@ -123,40 +142,53 @@ class CellQueue {
   }
 
   // Builds an empty queue in fresh memory. Only the owner, before any other party sees it.
-  static void initialize(void* tail, void* head, unsigned char* cells, std::uint64_t count, std::size_t stride) noexcept {
+  static void initialize(void* tail, void* head, unsigned char* cells, void* claims, std::uint64_t count,
+                         std::size_t stride) noexcept {
     new (tail) std::atomic<std::uint64_t>(0);
     new (head) std::atomic<std::uint64_t>(0);
+    auto* words = static_cast<std::atomic<std::uint64_t>*>(claims);
     for (std::uint64_t i = 0; i < count; ++i) {
       auto* c = new (cells + i * stride) CellHeader{};
       c->seq.store(i, std::memory_order_relaxed);  // published by whatever hands the segment out
+      // As if position i - count had been claimed by nobody: position i is free to claim.
+      new (&words[i]) std::atomic<std::uint64_t>(claim_word(i - count, kUnknownClaimer));
     }
   }
 
   static constexpr std::size_t stride_for(std::size_t payload) noexcept {
     return (kCellHeaderBytes + payload + detail::cache_line - 1) / detail::cache_line * detail::cache_line;
   }
+  // The claim words' bytes, rounded to whole 128-byte pairs of lines.
+  static constexpr std::size_t claims_bytes(std::uint64_t count) noexcept {
+    return static_cast<std::size_t>((count * sizeof(std::uint64_t) + 127) / 128 * 128);
+  }
 
   std::uint64_t count() const noexcept { return mask_ + 1; }
   bool valid() const noexcept { return tail_ != nullptr; }
 
-  // The mark of a cell claimed at `pos` by `rank` and not yet published.
-  static constexpr std::uint64_t kClaimedBit = std::uint64_t{1} << 63;
-  static constexpr int kPosBits = 39;
-  static constexpr int kUnknownClaimer = 0xFFFFFF;  // never a failed rank
+  // A claim word: the claimer's rank in the top 24 bits, the position (modulo 2^40) below.
+  // Positions are compared modulo 2^40: a word goes through 2^40 / count laps before a value
+  // repeats, far more than a producer can sleep through between its load and its CAS.
+  static constexpr int kPosBits = 40;
   static constexpr std::uint64_t kPosMask = (std::uint64_t{1} << kPosBits) - 1;
-  // A producer's mark without the position, computed once (claim_mark(rank)).
+  static constexpr int kUnknownClaimer = 0xFFFFFF;  // never a failed rank
+  // A claimed cell's seq until its publish: never position + 1 of any position.
+  static constexpr std::uint64_t kBusySeq = std::uint64_t{1} << 63;
+  // A producer's rank part of the claim word, computed once (claim_mark(rank)).
   static constexpr std::uint64_t claim_mark(int rank) noexcept {
-    return kClaimedBit | (static_cast<std::uint64_t>(rank & 0xFFFFFF) << kPosBits);
+    return static_cast<std::uint64_t>(rank & 0xFFFFFF) << kPosBits;
   }
-  static constexpr std::uint64_t claimed_seq(std::uint64_t pos, int rank) noexcept { return claim_mark(rank) | (pos & kPosMask); }
+  static constexpr std::uint64_t claim_word(std::uint64_t pos, int rank) noexcept {
+    return claim_mark(rank) | (pos & kPosMask);
+  }
 
-  // Producer: a cell to fill and the position to publish it at, or null when full. The cell
-  // is marked claimed with `mark` (claim_mark of this process's rank).
+  // Producer: a cell to fill and the position to publish it at, or null when full. The claim
+  // word records `mark` (claim_mark of this process's rank) as the claimer.
   CellHeader* try_claim(std::uint64_t& pos, std::uint64_t mark = claim_mark(kUnknownClaimer)) noexcept {
     std::uint64_t p = tail_->load(std::memory_order_relaxed);
     std::uint64_t freed = seen_head_.load(std::memory_order_acquire);
     for (;;) {
-      // Signed: p may be an old tail that the head has passed since (the CAS then fails).
+      // Signed: p may be an old tail that the head has passed since (its word is then taken).
       if (static_cast<std::int64_t>(p - freed) > static_cast<std::int64_t>(mask_)) {
         freed = head_->load(std::memory_order_acquire);
         seen_head_.store(freed, std::memory_order_release);
@@ -164,18 +196,30 @@ class CellQueue {
           return nullptr;  // cell p still holds the message of position p - count: full
         }
       }
-      if (tail_->compare_exchange_weak(p, p + 1, std::memory_order_relaxed, std::memory_order_relaxed)) {
+      std::atomic<std::uint64_t>& word = claims_[p & mask_];
+      std::uint64_t w = word.load(std::memory_order_relaxed);
+      if (((w - (p - count())) & kPosMask) == 0 &&
+          word.compare_exchange_strong(w, mark | (p & kPosMask), std::memory_order_relaxed, std::memory_order_relaxed)) {
+        tail_->store(p + 1, std::memory_order_relaxed);
         CellHeader* c = cell(p);
         // The previous lap's producer of this cell, if it was a thread of this process, published
         // it with a release on seq; the consumer, in another process, read it before the head
         // that gave this claim room. TSan sees neither the consumer nor the head's store: say
         // that the publish happens before this claim, as it does through them.
         detail::tsan_acquire(&c->seq);
-        c->seq.store(mark | (p & kPosMask), std::memory_order_relaxed);
+        // The cell's first write, at once: it asks for the line the fill and publish write
+        // next (a value the consumer never takes for a publish: the top bit is set). The
+        // claim word, not this, names the claimer; a producer killed here left that already.
+        c->seq.store(kBusySeq | (p & kPosMask), std::memory_order_relaxed);
         pos = p;
         return c;
       }
-      // p now holds the current tail: try again there.
+      // Position p is taken: w names a claim of p, or of a later lap's position when p is an
+      // old hint. Every position below a claimed one is claimed too, so the search goes on
+      // past w's. A word of an earlier lap than p - count cannot be seen here (room says
+      // p - count was consumed, so claimed); a corrupt one is passed like a taken one.
+      const std::uint64_t ahead = (w - p) & kPosMask;
+      p += ahead < (kPosMask >> 1) ? ahead + 1 : 1;
     }
   }
   static void publish(CellHeader* c, std::uint64_t pos) noexcept { c->seq.store(pos + 1, std::memory_order_release); }
@@ -188,15 +232,14 @@ class CellQueue {
   // Consumer: every position below `pos` is read and its cell free for producers. Never lower
   // than a value stored before.
   void free_below(std::uint64_t pos) noexcept { head_->store(pos, std::memory_order_release); }
-  // Consumer, when peek(head) found nothing: true if the cell at head is claimed by a rank
-  // `failed` names (it will never be published): the consumer moves past it, and frees it
-  // with free_below like any other.
+  // Consumer, when peek(head) found nothing: true if position head was claimed by a rank
+  // `failed` names (its cell will never be published): the consumer moves past it, and frees
+  // it with free_below like any other.
   template <class Failed>
   bool skip_dead_claim(std::uint64_t head, Failed failed) noexcept {
-    CellHeader* c = cell(head);
-    const std::uint64_t s = c->seq.load(std::memory_order_acquire);
-    if ((s & kClaimedBit) == 0 || s != claimed_seq(head, static_cast<int>((s >> kPosBits) & 0xFFFFFF))) return false;
-    return failed(static_cast<int>((s >> kPosBits) & 0xFFFFFF));
+    const std::uint64_t w = claims_[head & mask_].load(std::memory_order_relaxed);
+    if (((w - head) & kPosMask) != 0) return false;  // not claimed yet
+    return failed(static_cast<int>(w >> kPosBits));
   }
 
  private:
@@ -207,6 +250,7 @@ class CellQueue {
   std::atomic<std::uint64_t>* tail_ = nullptr;
   std::atomic<std::uint64_t>* head_ = nullptr;
   unsigned char* cells_ = nullptr;
+  std::atomic<std::uint64_t>* claims_ = nullptr;
   std::uint64_t mask_ = 0;
   std::size_t stride_ = 0;
   // The shared head as this process last read it: a lower bound (the head only grows), so

@@ -25,7 +25,9 @@ std::uint64_t random_word() {
   return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
 }
 
-std::size_t total_bytes(std::size_t cells, std::size_t stride) { return kCellsOffset + cells * stride; }
+std::size_t total_bytes(std::size_t cells, std::size_t stride) {
+  return claims_offset(cells, stride) + CellQueue::claims_bytes(cells);
+}
 
 }  // namespace
 
@@ -65,7 +67,8 @@ void Segment::unlink() noexcept {
 
 CellQueue Segment::queue() const noexcept {
   return CellQueue(reinterpret_cast<std::atomic<std::uint64_t>*>(base_ + kTailOffset),
-                   reinterpret_cast<std::atomic<std::uint64_t>*>(base_ + kHeadOffset), base_ + kCellsOffset, cells_, stride_);
+                   reinterpret_cast<std::atomic<std::uint64_t>*>(base_ + kHeadOffset), base_ + kCellsOffset,
+                   reinterpret_cast<std::atomic<std::uint64_t>*>(base_ + claims_offset(cells_, stride_)), cells_, stride_);
 }
 
 std::uint64_t Segment::probe_value() const noexcept {
@@ -118,7 +121,8 @@ Segment Segment::create(int rank, int size, int device, std::size_t cell_payload
   h->stride = stride;
   h->total_bytes = bytes;
   h->probe = random_word() | 1;  // never 0, so a read of zeroed memory cannot pass the probe
-  CellQueue::initialize(s.base_ + kTailOffset, s.base_ + kHeadOffset, s.base_ + kCellsOffset, cells, stride);
+  CellQueue::initialize(s.base_ + kTailOffset, s.base_ + kHeadOffset, s.base_ + kCellsOffset,
+                        s.base_ + claims_offset(cells, stride), cells, stride);
   // Peers learn the name only through the bootstrap's exchange, which orders these writes
   // before their mapping (a system call and a message in between).
   return s;

@@ -20,13 +20,17 @@
 namespace ferry::net::shm {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x316d6873'79727265ULL;  // the bytes "erryshm1" (little-endian)
-inline constexpr std::uint32_t kSegmentVersion = 2;
+inline constexpr std::uint32_t kSegmentVersion = 3;  // 3: claim words after the cells
 // Each shared counter and the cells start on a 128-byte boundary of their own: the adjacent-line
 // prefetcher fetches lines in pairs, and the producers' tail, the consumer's head and the first
 // cell are written by different parties.
 inline constexpr std::size_t kTailOffset = 128;   // the tail's line, apart from the read-mostly header
 inline constexpr std::size_t kHeadOffset = 256;   // the consumer's shared head
 inline constexpr std::size_t kCellsOffset = 384;
+// The claim words follow the cells (cells * stride is a multiple of 128).
+constexpr std::size_t claims_offset(std::uint64_t cells, std::size_t stride) noexcept {
+  return kCellsOffset + static_cast<std::size_t>(cells) * stride;
+}
 
 struct SegmentHeader {
   std::uint64_t magic;

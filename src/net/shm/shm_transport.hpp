@@ -199,7 +199,7 @@ class ShmTransport final : public Transport {
   int abandon_gets(Event* events, int max) noexcept;
 
   const int rank_;
-  const std::uint64_t claim_mark_ = CellQueue::claim_mark(rank_);  // this rank's mark on the cells it claims
+  const std::uint64_t claim_mark_ = CellQueue::claim_mark(rank_);  // this rank's part of the claim words it writes
   const int size_;
   const int device_;
   const std::size_t cell_payload_;
