@@ -164,7 +164,8 @@ TEST(ShmCellQueue, ACellClaimedByAFailedRankIsPassed) {
 // A sender killed right after its claim, before it moved the tail hint: the claim word alone
 // names it. Other producers pass the taken position; the consumer, once the claimer is known
 // failed, passes its cell, which is free again a lap later; and a tail hint that went back (a
-// slow claimer's late store) costs a search, never a position claimed twice.
+// slow claimer's late store), even by more than a lap, costs a search, never a position
+// claimed twice or left out.
 TEST(ShmCellQueue, AClaimWordNamesItsClaimerAndTheTailIsOnlyAHint) {
   QueueMemory m(8, 16);
   auto* tail = reinterpret_cast<std::atomic<std::uint64_t>*>(m.mem);
@@ -193,6 +194,8 @@ TEST(ShmCellQueue, AClaimWordNamesItsClaimerAndTheTailIsOnlyAHint) {
     EXPECT_EQ(pos, want);
     CellQueue::publish(c, pos);
   }
+  EXPECT_FALSE(m.queue.skip_dead_claim(head, [](int) { return true; }))
+      << "a cell published by a rank declared failed while it still ran is read, not passed";
   tail->store(0);
   CellHeader* c = m.queue.try_claim(pos, CellQueue::claim_mark(2));
   ASSERT_NE(c, nullptr);
@@ -218,6 +221,18 @@ TEST(ShmCellQueue, AClaimWordNamesItsClaimerAndTheTailIsOnlyAHint) {
     ASSERT_NE(d, nullptr) << "position " << head;
     EXPECT_EQ(d->arg0, head);
   }
+  m.queue.free_below(head);
+  // A hint more than a lap old: the word of position 5 names position 13 (a lap later), and
+  // the search jumps there, then past 14 and 15, to 16.
+  for (std::uint64_t want = 13; want < 16; ++want) {
+    CellHeader* d = m.queue.try_claim(pos, CellQueue::claim_mark(1));
+    ASSERT_NE(d, nullptr);
+    EXPECT_EQ(pos, want);
+    CellQueue::publish(d, pos);
+  }
+  tail->store(5);
+  ASSERT_NE(m.queue.try_claim(pos, CellQueue::claim_mark(1)), nullptr);
+  EXPECT_EQ(pos, 16u);
 }
 
 TEST(ShmCellQueue, ConcurrentProducersExactlyOnceInOrder) {

@@ -10,18 +10,18 @@
 //
 // Algorithm (a bounded multi-producer, single-consumer queue: Vyukov's cell sequence numbers
 // for publication, a shared head for room, a claim word per cell for ownership). A position p
-// maps to cell p & (count-1) and to the claim word of the same index. A producer claims p with
-// one CAS on that claim word, from "the previous lap's position" (p - count, the value every
-// word starts with or was last claimed with) to (p, its rank), allowed only while p < head +
-// count (head: the shared head, every position below it consumed and free). It then fills the
-// cell (its seq first marked busy, then the header and payload) and stores seq = p+1. The
-// consumer at position h reads the cell once seq == h+1 (a value no earlier lap and no busy
-// mark can hold), and later stores a head past it. The tail is only a hint of
+// maps to cell p & (count-1), to the claim word of the same index, and to lap p / count. A
+// producer claims p with one CAS on that claim word, from the previous lap (the value every
+// word starts with, or was last claimed with) to (p's lap, its rank), allowed only while
+// p < head + count (head: the shared head, every position below it consumed and free). It
+// then fills the cell (its seq first marked busy, then the header and payload) and stores
+// seq = p+1. The consumer at position h reads the cell once seq == h+1 (a value no earlier lap
+// and no busy mark can hold), and later stores a head past it. The tail is only a hint of
 // where to start: the claimer of p stores p+1 there, and a producer that finds the word of its
-// position taken (claimed for p, or for a later lap's position when its hint was old) moves
-// past the position the word names. Every position below a claimed one was claimed (claims
-// are made in order from the hint, and the hint only ever holds a claimed position + 1), so
-// claims leave no gap.
+// position taken (claimed for p's lap, or for a later one when its hint was old) moves past
+// the position the word names. Every position below a claimed one was claimed (claims are made
+// in order from the hint, and the hint only ever holds a claimed position + 1), so claims
+// leave no gap.
 //
 // A sender that dies: the claim and the record of who claimed are one atomic write, so there
 // is no instant at which a position is taken but its owner unknown. Once the claimer's rank is
@@ -35,13 +35,14 @@
 // in the cell: a producer that read or CASed the cell would pull the line the consumer is
 // spinning on before writing it, and the consumer's next read would pull it back before the
 // producer's stores; with the cores far apart each such transfer costs a few hundred
-// nanoseconds. Here a producer's first touch of the cell is a store (the busy mark), mark,
-// fill and publish leave its store buffer together, and the consumer never writes a cell. The claim words and the tail
-// are lines only producers touch (the consumer reads a claim word only for a failed rank), and
-// producers read the shared head only when the head they last saw (seen_head_) leaves no
-// room, so its line stays with the consumer. (Claiming by a CAS on the cell's seq instead
-// halved ferry's 8 B message rate with the cores far apart; the claim words cost the raw
-// transport's streaming rate up to a fifth and ferry's nothing within noise: README.md here.)
+// nanoseconds. Here a producer's first touch of the cell is a store (the busy mark); mark,
+// fill and publish leave its store buffer together, and the consumer never writes a cell.
+// The claim words and the tail are lines only producers touch (the consumer reads a claim
+// word only once some rank has failed), and producers read the shared head only when the
+// head they last saw (seen_head_) leaves no room, so its line stays with the consumer.
+// (Claiming by a CAS on the cell's seq instead halved ferry's 8 B message rate with the cores
+// far apart; the claim words cost the raw transport's streaming rate up to a fifth, ferry's
+// nothing beyond its run-to-run spread: README.md here.)
 //
 // Contract
 //  - try_claim()/publish() by any thread of any process that maps the segment, concurrently.
@@ -59,8 +60,9 @@
 //    every header field it uses (the transport does that). A corrupt seq can only make a cell
 //    look empty or full; a corrupt head can only make producers overwrite cells whose
 //    messages the consumer then validates; a corrupt claim word can only make producers
-//    pass a position (the consumer then waits there, as for a cell never published), a
-//    corrupt tail only change where they start looking (far ahead: the queue looks full).
+//    pass positions (the consumer then waits at the first, as for a cell never published;
+//    a word that names a lap far ahead makes the queue look full), a corrupt tail only change
+//    where they start looking (far ahead: the queue looks full).
 //  - Lock-free, no system call, no allocation.
 //
 // Memory orders
@@ -68,16 +70,23 @@
 //    producer loads it with acquire, so those reads happen before the producer overwrites a
 //    cell. seen_head_ (this process's copy) is stored with release and loaded with acquire so
 //    that a thread using another thread's copy is ordered after the consumer's reads too.
-//  - The claim word's loads and CAS are relaxed: the CAS's atomicity alone decides which
-//    producer owns a position, and the word carries no data (room is decided by the head, data
-//    handoff by the cell's seq). The consumer reads a claim word (relaxed) only for a rank
-//    already failed, whose process writes nothing more. The tail hint is relaxed: a stale or
-//    regressed hint costs a producer a few more claim-word loads, never a wrong claim.
+//  - The CAS's atomicity alone decides which producer owns a position, and the word carries
+//    no data (room is decided by the head, data handoff by the cell's seq), so the producers'
+//    loads of claim words are relaxed. The CAS is a release and the consumer's load of a claim
+//    word (skip_dead_claim) an acquire for one case: a claim the consumer passes because its
+//    claimer died is published by nothing else, and this pair, with the head's, orders it
+//    before the next lap's producers read the word (a producer that read the lap before it
+//    would pass a free position and leave a gap). A release is free on x86 (any CAS is a full
+//    barrier there).
+//  - The tail hint is relaxed: an old or lowered hint costs a producer more claim-word loads
+//    (up to a lap of them), never a wrong claim. The busy mark is relaxed: the consumer never
+//    acts on it.
 //  - publish() stores seq = p+1 with release, ordering the cell's header and payload before
 //    it; the consumer's acquire load of seq pairs with it.
 #pragma once
 
 #include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -126,10 +135,11 @@ class CellQueue {
   // (cache-line aligned); claims: the first of `count` claim words; count: a power of two.
   CellQueue(std::atomic<std::uint64_t>* tail, std::atomic<std::uint64_t>* head, unsigned char* cells,
             std::atomic<std::uint64_t>* claims, std::uint64_t count, std::size_t stride) noexcept
-      : tail_(tail), head_(head), cells_(cells), claims_(claims), mask_(count - 1), stride_(stride) {}
+      : tail_(tail), head_(head), cells_(cells), claims_(claims), mask_(count - 1), stride_(stride),
+        lap_shift_(std::countr_zero(count)) {}
   CellQueue(const CellQueue& o) noexcept
       : tail_(o.tail_), head_(o.head_), cells_(o.cells_), claims_(o.claims_), mask_(o.mask_), stride_(o.stride_),
-        seen_head_(o.seen_head_.load(std::memory_order_acquire)) {}
+        lap_shift_(o.lap_shift_), seen_head_(o.seen_head_.load(std::memory_order_acquire)) {}
   CellQueue& operator=(const CellQueue& o) noexcept {
     tail_ = o.tail_;
     head_ = o.head_;
@@ -137,6 +147,7 @@ class CellQueue {
     claims_ = o.claims_;
     mask_ = o.mask_;
     stride_ = o.stride_;
+    lap_shift_ = o.lap_shift_;
     seen_head_.store(o.seen_head_.load(std::memory_order_acquire), std::memory_order_release);
     return *this;
   }
@@ -150,8 +161,8 @@ class CellQueue {
     for (std::uint64_t i = 0; i < count; ++i) {
       auto* c = new (cells + i * stride) CellHeader{};
       c->seq.store(i, std::memory_order_relaxed);  // published by whatever hands the segment out
-      // As if position i - count had been claimed by nobody: position i is free to claim.
-      new (&words[i]) std::atomic<std::uint64_t>(claim_word(i - count, kUnknownClaimer));
+      // As if lap -1 had been claimed by nobody: position i (lap 0) is free to claim.
+      new (&words[i]) std::atomic<std::uint64_t>(claim_word(kLapMask, kUnknownClaimer));
     }
   }
 
@@ -166,20 +177,22 @@ class CellQueue {
   std::uint64_t count() const noexcept { return mask_ + 1; }
   bool valid() const noexcept { return tail_ != nullptr; }
 
-  // A claim word: the claimer's rank in the top 24 bits, the position (modulo 2^40) below.
-  // Positions are compared modulo 2^40: a word goes through 2^40 / count laps before a value
-  // repeats, far more than a producer can sleep through between its load and its CAS.
-  static constexpr int kPosBits = 40;
-  static constexpr std::uint64_t kPosMask = (std::uint64_t{1} << kPosBits) - 1;
+  // A claim word: the claimer's rank in the top 24 bits, the claimed position's lap (position /
+  // count, modulo 2^40) below; the word's index gives the rest of the position. Laps are
+  // compared modulo 2^40: a word repeats a value only after 2^40 laps of its queue (2^48
+  // messages with 256 cells), far more than a producer can sleep through between its load and
+  // its CAS.
+  static constexpr int kLapBits = 40;
+  static constexpr std::uint64_t kLapMask = (std::uint64_t{1} << kLapBits) - 1;
   static constexpr int kUnknownClaimer = 0xFFFFFF;  // never a failed rank
   // A claimed cell's seq until its publish: never position + 1 of any position.
   static constexpr std::uint64_t kBusySeq = std::uint64_t{1} << 63;
   // A producer's rank part of the claim word, computed once (claim_mark(rank)).
   static constexpr std::uint64_t claim_mark(int rank) noexcept {
-    return static_cast<std::uint64_t>(rank & 0xFFFFFF) << kPosBits;
+    return static_cast<std::uint64_t>(rank & 0xFFFFFF) << kLapBits;
   }
-  static constexpr std::uint64_t claim_word(std::uint64_t pos, int rank) noexcept {
-    return claim_mark(rank) | (pos & kPosMask);
+  static constexpr std::uint64_t claim_word(std::uint64_t lap, int rank) noexcept {
+    return claim_mark(rank) | (lap & kLapMask);
   }
 
   // Producer: a cell to fill and the position to publish it at, or null when full. The claim
@@ -197,9 +210,10 @@ class CellQueue {
         }
       }
       std::atomic<std::uint64_t>& word = claims_[p & mask_];
+      const std::uint64_t lap = p >> lap_shift_;
       std::uint64_t w = word.load(std::memory_order_relaxed);
-      if (((w - (p - count())) & kPosMask) == 0 &&
-          word.compare_exchange_strong(w, mark | (p & kPosMask), std::memory_order_relaxed, std::memory_order_relaxed)) {
+      if (((w - (lap - 1)) & kLapMask) == 0 &&
+          word.compare_exchange_strong(w, mark | (lap & kLapMask), std::memory_order_release, std::memory_order_relaxed)) {
         tail_->store(p + 1, std::memory_order_relaxed);
         CellHeader* c = cell(p);
         // The previous lap's producer of this cell, if it was a thread of this process, published
@@ -210,16 +224,18 @@ class CellQueue {
         // The cell's first write, at once: it asks for the line the fill and publish write
         // next (a value the consumer never takes for a publish: the top bit is set). The
         // claim word, not this, names the claimer; a producer killed here left that already.
-        c->seq.store(kBusySeq | (p & kPosMask), std::memory_order_relaxed);
+        c->seq.store(kBusySeq | p, std::memory_order_relaxed);
         pos = p;
         return c;
       }
-      // Position p is taken: w names a claim of p, or of a later lap's position when p is an
-      // old hint. Every position below a claimed one is claimed too, so the search goes on
-      // past w's. A word of an earlier lap than p - count cannot be seen here (room says
-      // p - count was consumed, so claimed); a corrupt one is passed like a taken one.
-      const std::uint64_t ahead = (w - p) & kPosMask;
-      p += ahead < (kPosMask >> 1) ? ahead + 1 : 1;
+      // Position p is taken: w names p's lap, or a later one when p is an old hint. Every
+      // position below a claimed one is claimed too, so the search goes on past w's. A word of
+      // an earlier lap than p's previous cannot be seen here: room says p - count was consumed,
+      // so claimed, and the claim happened before the consumer passed it (published with a
+      // release, or, a dead claim, read with an acquire by skip_dead_claim) and so before the
+      // head that gave this room. A corrupt one is passed like a taken one.
+      const std::uint64_t ahead = (w - lap) & kLapMask;
+      p += ahead < (kLapMask >> 1) ? (ahead << lap_shift_) + 1 : 1;
     }
   }
   static void publish(CellHeader* c, std::uint64_t pos) noexcept { c->seq.store(pos + 1, std::memory_order_release); }
@@ -233,13 +249,16 @@ class CellQueue {
   // than a value stored before.
   void free_below(std::uint64_t pos) noexcept { head_->store(pos, std::memory_order_release); }
   // Consumer, when peek(head) found nothing: true if position head was claimed by a rank
-  // `failed` names (its cell will never be published): the consumer moves past it, and frees
-  // it with free_below like any other.
+  // `failed` names and its cell is still unpublished (it never will be): the consumer moves
+  // past it, and frees it with free_below like any other. (A rank can be declared failed
+  // while its process still runs, by the keepalive or a transport error: a cell it published
+  // meanwhile is read, not passed.)
   template <class Failed>
   bool skip_dead_claim(std::uint64_t head, Failed failed) noexcept {
-    const std::uint64_t w = claims_[head & mask_].load(std::memory_order_relaxed);
-    if (((w - head) & kPosMask) != 0) return false;  // not claimed yet
-    return failed(static_cast<int>(w >> kPosBits));
+    const std::uint64_t w = claims_[head & mask_].load(std::memory_order_acquire);
+    if (((w - (head >> lap_shift_)) & kLapMask) != 0) return false;  // not claimed yet
+    if (!failed(static_cast<int>(w >> kLapBits))) return false;
+    return cell(head)->seq.load(std::memory_order_acquire) != head + 1;
   }
 
  private:
@@ -253,6 +272,7 @@ class CellQueue {
   std::atomic<std::uint64_t>* claims_ = nullptr;
   std::uint64_t mask_ = 0;
   std::size_t stride_ = 0;
+  int lap_shift_ = 0;  // log2(count)
   // The shared head as this process last read it: a lower bound (the head only grows), so
   // acting on an old value can only refuse a claim that had room, and then the head is read.
   std::atomic<std::uint64_t> seen_head_{0};
