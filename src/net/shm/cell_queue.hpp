@@ -61,8 +61,9 @@
 //    look empty or full; a corrupt head can only make producers overwrite cells whose
 //    messages the consumer then validates; a corrupt claim word can only make producers
 //    pass positions (the consumer then waits at the first, as for a cell never published;
-//    a word that names a lap far ahead makes the queue look full), a corrupt tail only change
-//    where they start looking (far ahead: the queue looks full).
+//    a word that names a later lap than the one a producer claims sends it past the room, so
+//    the queue looks full), a corrupt tail only change where they start looking (far ahead:
+//    the queue looks full).
 //  - Lock-free, no system call, no allocation.
 //
 // Memory orders
@@ -72,12 +73,12 @@
 //    that a thread using another thread's copy is ordered after the consumer's reads too.
 //  - The CAS's atomicity alone decides which producer owns a position, and the word carries
 //    no data (room is decided by the head, data handoff by the cell's seq), so the producers'
-//    loads of claim words are relaxed. The CAS is a release and the consumer's load of a claim
-//    word (skip_dead_claim) an acquire for one case: a claim the consumer passes because its
-//    claimer died is published by nothing else, and this pair, with the head's, orders it
-//    before the next lap's producers read the word (a producer that read the lap before it
-//    would pass a free position and leave a gap). A release is free on x86 (any CAS is a full
-//    barrier there).
+//    loads of claim words are relaxed. A claim the consumer passes because its claimer died is
+//    published by nothing: it reaches the next lap's producers through the consumer's read of
+//    the word, which comes before its release of the head (read-read coherence then keeps a
+//    producer from reading an older word, which would make it pass a free position and leave a
+//    gap). The CAS's release and that read's acquire make the order plain; on x86 they cost
+//    nothing (any CAS is a full barrier there).
 //  - The tail hint is relaxed: an old or lowered hint costs a producer more claim-word loads
 //    (up to a lap of them), never a wrong claim. The busy mark is relaxed: the consumer never
 //    acts on it.
@@ -132,7 +133,8 @@ class CellQueue {
  public:
   CellQueue() = default;
   // tail, head: the shared counters (each on its own cache line); cells: the first cell
-  // (cache-line aligned); claims: the first of `count` claim words; count: a power of two.
+  // (cache-line aligned); claims: the first of `count` claim words; count: a power of two, at
+  // most 2^24 (the segment checks it), so a jump past a claimed lap stays within 64 bits.
   CellQueue(std::atomic<std::uint64_t>* tail, std::atomic<std::uint64_t>* head, unsigned char* cells,
             std::atomic<std::uint64_t>* claims, std::uint64_t count, std::size_t stride) noexcept
       : tail_(tail), head_(head), cells_(cells), claims_(claims), mask_(count - 1), stride_(stride),
@@ -252,7 +254,9 @@ class CellQueue {
   // `failed` names and its cell is still unpublished (it never will be): the consumer moves
   // past it, and frees it with free_below like any other. (A rank can be declared failed
   // while its process still runs, by the keepalive or a transport error: a cell it published
-  // meanwhile is read, not passed.)
+  // by now is read, not passed. One that publishes later, after the cell was passed, is not
+  // caught: its writes land in a freed cell, as the contract's "a failed rank writes nothing
+  // more" excludes.)
   template <class Failed>
   bool skip_dead_claim(std::uint64_t head, Failed failed) noexcept {
     const std::uint64_t w = claims_[head & mask_].load(std::memory_order_acquire);
