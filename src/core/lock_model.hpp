@@ -18,9 +18,8 @@
 //             device (a single-threaded program, or a device per thread); barrier() and
 //             finalize() call into every device, so no other thread may be in one then. As
 //             with lockless no LockModelImpl exists; unlike lockless the transports are told
-//             so (UCX is the one that uses it: its worker runs UCS_THREAD_MODE_SERIALIZED,
-//             without the lock it takes per call otherwise, an atomic that, right after a
-//             send's store into the peer's queue, waits for that store to leave the core).
+//             so (UCX is the one that uses it: under lockless ferry guards its worker with a
+//             biased lock, net/biased_lock.hpp; under serialized nothing does).
 //             Progress threads are refused with it.
 //
 // Semantics of a deferred post (lockq on contention, offload always) are those of the direct

@@ -29,8 +29,8 @@ using ContextPtr = std::unique_ptr<Context, ContextDeleter>;
 ContextPtr open_context();
 
 // How the device's lock model calls the transport: `serialized` when it never lets two threads
-// into it at once (every model but lockless), so the worker runs UCS_THREAD_MODE_SERIALIZED
-// and UCX takes no lock of its own; otherwise UCS_THREAD_MODE_MULTI.
+// into it at once (every model but lockless), so nothing guards the worker; otherwise ferry's
+// biased lock does. The worker runs UCS_THREAD_MODE_SERIALIZED either way.
 struct TransportParams {
   int rank = 0;
   bool serialized = false;

@@ -30,8 +30,10 @@
 //  - Events: UCX callbacks run inside ucp_worker_progress (the poll lock holder's poll); a post
 //    that UCX completes at once reports from the posting thread. Both push onto one
 //    multi-producer ring the poll drains (overflow, never expected: a spin-locked vector).
-//  - Thread mode: UCS_THREAD_MODE_SERIALIZED when the lock model serialises every call,
-//    UCS_THREAD_MODE_MULTI otherwise (UCX then guards the worker itself).
+//  - Thread mode: UCS_THREAD_MODE_SERIALIZED. Under the lockless model, whose posts run
+//    beside the poll, ferry's own biased lock guards every call into the worker (the thread
+//    that drives the device alone takes it without an atomic; net/biased_lock.hpp); under the
+//    models that let one thread at a time in, nothing does.
 //  - Failure: ferry's liveness decides that a peer failed (heartbeats, the launcher);
 //    peer_failed() force-closes its endpoint once no post holds it (EpHold), so UCX
 //    completes everything queued to it with UCS_ERR_CANCELED, which the core counts as
@@ -59,6 +61,7 @@
 #include "common/spinlock.hpp"
 #include "ferry/error.hpp"
 #include "net/abandon.hpp"
+#include "net/biased_lock.hpp"
 #include "net/hazard.hpp"
 #include "net/shm/cma.hpp"
 #include "net/ucx/am_rma.hpp"
@@ -150,11 +153,11 @@ class UcxRegistration final : public Registration {
 class UcxTransport final : public Transport {
  public:
   UcxTransport(Context& context, const TransportParams& p)
-      : context_(context.get()), rank_(p.rank), multi_(!p.serialized), away_(p.away), copy_(p.copy), events_(kEventRing), bounce_slots_(std::clamp<std::size_t>(p.bounce_slots, 1, kMaxBounceSlots)),
+      : context_(context.get()), rank_(p.rank), multi_(!p.serialized), lock_(multi_ ? &worker_lock_ : nullptr), away_(p.away), copy_(p.copy), events_(kEventRing), bounce_slots_(std::clamp<std::size_t>(p.bounce_slots, 1, kMaxBounceSlots)),
         free_bounce_(bounce_slots_), bounce_(new unsigned char[bounce_slots_ * kBounceSlot]) {
     ucp_worker_params_t wp{};
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = p.serialized ? UCS_THREAD_MODE_SERIALIZED : UCS_THREAD_MODE_MULTI;
+    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // under lockless, worker_lock_ serialises
     const ucs_status_t s = ucp_worker_create(context_, &wp, &worker_);
     if (s != UCS_OK) throw Error("FERRY_TRANSPORT=ucx: " + ucs_error("ucp_worker_create", s));
     for (std::size_t i = 0; i < bounce_slots_; ++i) {
@@ -251,6 +254,7 @@ class UcxTransport final : public Transport {
     const EpHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
     if (__builtin_expect(ep == nullptr, 0)) return hold.refused();
+    const BiasedGuard guard(lock_);
     ucp_request_param_t p;
     p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL | UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_AM_SEND_FLAG_EAGER;
@@ -276,6 +280,7 @@ class UcxTransport final : public Transport {
     const EpHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
     if (__builtin_expect(ep == nullptr, 0)) return hold.refused();
+    const BiasedGuard guard(lock_);
     ucp_request_param_t p = tracked(ctx, rank, op_send);
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_AM_SEND_FLAG_EAGER;
@@ -299,6 +304,7 @@ class UcxTransport final : public Transport {
       const Held taken = held_.front();
       held_.pop_front();
       fill(ctx, taken.data, taken.length);
+      const BiasedGuard guard(lock_);
       release(taken);
     } else if (fill_ == nullptr) {
       fill_ = ctx;
@@ -322,6 +328,7 @@ class UcxTransport final : public Transport {
     const EpHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
     if (ep == nullptr) return hold.refused();
+    const BiasedGuard guard(lock_);
     if (am_rma(rank)) {
       if (const pid_t pid = cma_pid(rank); pid != 0) return len > kInjectSize ? -EMSGSIZE : shm::cma_write(pid, buf, len, addr);
       return am_put(rank, ep, buf, len, addr, key, nullptr, op_put, 0);
@@ -346,6 +353,7 @@ class UcxTransport final : public Transport {
     const EpHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
     if (ep == nullptr) return hold.refused();
+    const BiasedGuard guard(lock_);
     if (am_rma(rank)) {
       if (const pid_t pid = cma_pid(rank); pid != 0) {
         start_local(ctx, rank, op_get);
@@ -408,10 +416,13 @@ class UcxTransport final : public Transport {
       const int n = rma_.abandon(events, max);
       if (n > 0) return n;
     }
-    ucp_worker_progress(worker_);
+    {
+      const BiasedGuard guard(lock_);
+      ucp_worker_progress(worker_);
+      if (__builtin_expect(!replies_.empty(), 0)) send_replies();
+      if (__builtin_expect(answers_waiting_.load(std::memory_order_acquire), 0)) send_answers();
+    }
     if (fill_ != nullptr) drain_loopback();  // an empty ring: two loads of lines only pushes write
-    if (__builtin_expect(!replies_.empty(), 0)) send_replies();
-    if (__builtin_expect(answers_waiting_.load(std::memory_order_acquire), 0)) send_answers();
     int n = 0;
     // Receives in posting order, which is the order the data callback filled them (arrival
     // order, the order sent per sender); a done receive behind one not done waits for it.
@@ -441,6 +452,27 @@ class UcxTransport final : public Transport {
   }
 
   void cancel_all() noexcept override {
+    const BiasedGuard guard(lock_);
+    cancel_all_held();
+  }
+
+  void close() noexcept override {
+    const BiasedGuard guard(lock_);
+    close_held();
+  }
+
+  std::string describe_peer(int rank) const override {
+    if (rank < 0 || static_cast<std::size_t>(rank) >= eps_.size()) return caps_.name;
+    const EpHold hold(*this, rank);
+    if (hold.get() == nullptr) return caps_.name;
+    const BiasedGuard guard(lock_);
+    const char* rma = cma_pid(rank) != 0 ? "; RMA: cross-memory attach" : am_rma(rank) ? "; RMA: over active messages" : "";
+    return caps_.name + ": " + lanes_of(hold.get()) + rma;
+  }
+
+ private:
+  // cancel_all and close, with worker_lock_ held (or not needed).
+  void cancel_all_held() noexcept {
     // Messages that arrive from now on are dropped: the posted buffers are about to go.
     receiving_ = false;
     fill_ = recv_head_ = recv_tail_ = nullptr;
@@ -448,9 +480,10 @@ class UcxTransport final : public Transport {
     held_.clear();
   }
 
-  void close() noexcept override {
+  void close_held() noexcept {
     if (closed_) return;
     closed_ = true;
+    if (lock_ != nullptr) FERRY_LOG(debug, "ucx: the worker lock was %sbiased to one thread at close", lock_->biased() ? "" : "no longer ");
     // Flush-close every endpoint (its queued sends leave), giving up after a deadline on a peer
     // that does not answer; then force-close what is left.
     std::vector<void*> closing;
@@ -473,7 +506,7 @@ class UcxTransport final : public Transport {
     }
     for (int i = 0; i < 100 && ucp_worker_progress(worker_) != 0; ++i) {
     }
-    cancel_all();  // releases what arrived after the last receive
+    cancel_all_held();  // releases what arrived after the last receive
     for (auto& [k, rkey] : rkeys_) ucp_rkey_destroy(rkey);
     rkeys_.clear();
     // What is still queued (sends to a failed peer, whose endpoint UCX keeps until now) is
@@ -484,14 +517,7 @@ class UcxTransport final : public Transport {
     worker_ = nullptr;
   }
 
-  std::string describe_peer(int rank) const override {
-    if (rank < 0 || static_cast<std::size_t>(rank) >= eps_.size()) return caps_.name;
-    const EpHold hold(*this, rank);
-    if (hold.get() == nullptr) return caps_.name;
-    const char* rma = cma_pid(rank) != 0 ? "; RMA: cross-memory attach" : am_rma(rank) ? "; RMA: over active messages" : "";
-    return caps_.name + ": " + lanes_of(hold.get()) + rma;
-  }
-
+ public:
   void peer_failed(int rank) override {
     if (rank < 0 || static_cast<std::size_t>(rank) >= eps_.size()) return;
     rma_.peer_failed(rank);
@@ -511,6 +537,7 @@ class UcxTransport final : public Transport {
     ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)].exchange(nullptr, std::memory_order_seq_cst);
     if (ep == nullptr) return;
     if (multi_) retire_wait(ep);
+    const BiasedGuard guard(lock_);  // after retire_wait: a post holds the endpoint, then this lock
     // Force-closing makes UCX complete what is queued to the peer now (UCS_ERR_CANCELED) and
     // drops the endpoint before UCX finds it broken. (Keeping failed peers' endpoints open until
     // teardown instead let UCX abort the process, "Endpoint timeout", in the AMT failure test
@@ -572,7 +599,7 @@ class UcxTransport final : public Transport {
   ucp_ep_h ep_of(int rank) const noexcept { return eps_[static_cast<std::size_t>(rank)].load(std::memory_order_relaxed); }
 
   // A post's hold on a peer's endpoint, for the length of the post. Under the lockless model
-  // (UCS_THREAD_MODE_MULTI) posts run beside the poll lock holder, whose peer_failed
+  // posts run beside the poll lock holder, whose peer_failed
   // force-closes the endpoint: a post takes a hazard hold on it (net/hazard.hpp: a store to
   // its thread's slot, a compiler fence, a reload), and peer_failed, having nulled the slot,
   // waits in retire_wait until no hold has it before it closes. Under the other models posts
@@ -892,6 +919,7 @@ class UcxTransport final : public Transport {
     const EpHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
     if (ep == nullptr) return hold.refused();
+    const BiasedGuard guard(lock_);
     if (am_rma(rank)) {
       if (const pid_t pid = cma_pid(rank); pid != 0) {
         // The bytes are at the target when the write returns; put_data's notification follows.
@@ -1395,7 +1423,15 @@ class UcxTransport final : public Transport {
   ucp_context_h context_;
   ucp_worker_h worker_ = nullptr;
   int rank_;
-  bool multi_;  // UCS_THREAD_MODE_MULTI: posts run beside the poller (the lockless model)
+  bool multi_;  // the lockless model: posts run beside the poller
+  // Under lockless, every call into the worker holds worker_lock_ (lock_ points to it; under
+  // the other models, which let one thread at a time in, lock_ is null and the worker runs
+  // unguarded). The worker itself is UCS_THREAD_MODE_SERIALIZED either way: UCX's own
+  // multi-thread mode takes a spin lock per call, an atomic that waits for the previous
+  // send's store into the peer's queue to leave the core; the biased lock lets the thread
+  // that drives the device alone skip it (net/biased_lock.hpp).
+  mutable BiasedLock worker_lock_;
+  BiasedLock* lock_;
   std::vector<bool> away_;     // by rank: on another host (UCX's peer error mode)
   ShmCopy copy_;               // whether RMA to peers on this host may use cross-memory attach
   // Read by peers' cma_probe (process_vm_readv) at their connect; set once, before address().
