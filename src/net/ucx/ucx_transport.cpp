@@ -191,6 +191,7 @@ class UcxTransport final : public Transport {
   std::string address() const override {
     ucp_address_t* a = nullptr;
     std::size_t len = 0;
+    const BiasedGuard guard(lock_);
     const ucs_status_t s = ucp_worker_get_address(worker_, &a, &len);
     if (s != UCS_OK) throw Error("FERRY_TRANSPORT=ucx: " + ucs_error("ucp_worker_get_address", s));
     static const char* hex = "0123456789abcdef";
@@ -210,6 +211,7 @@ class UcxTransport final : public Transport {
   }
 
   void connect(const std::vector<std::string>& addresses) override {
+    const BiasedGuard guard(lock_);
     const std::vector<bool>& away = away_;
     eps_ = std::vector<std::atomic<ucp_ep_h>>(addresses.size());
     am_rma_.assign(addresses.size(), 0);
