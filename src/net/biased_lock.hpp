@@ -10,10 +10,11 @@
 //
 // Contract.
 //  - lock() and unlock() give mutual exclusion among all threads of the process; not
-//    recursive. lock() spins (critical sections are one non-blocking call into a library).
+//    recursive. lock() spins (critical sections are calls into a library that do not block,
+//    though some copy: the UCX backend's cross-memory-attach RMA runs under it).
 //    lock() returns a token that the matching unlock() takes back.
 //  - The lock is biased to one thread at a time, its owner: the first thread to lock. The
-//    owner's lock() is two relaxed loads and a store of its tenure's `inside_` flag around a
+//    owner's lock() is a relaxed load, an acquire load and a store of its tenure's `inside_` flag around a
 //    compiler fence, its unlock() a release store. Another thread that locks takes the bias
 //    over (a tenure: it revokes the owner's, with one membarrier(2) system call, and becomes
 //    the owner), so a program whose device one thread drives after another set it up gets
