@@ -1,7 +1,8 @@
 // lock_model.hpp — how threads share one device (FERRY_LOCK_MODEL; [Combining], [AMT-LCI] §5.3).
 //
-//   lockless  the device's own fine-grained synchronisation only (the default): no
-//             LockModelImpl exists, the public Device handle calls the device directly
+//   lockless  the device's own synchronisation only (the default): no LockModelImpl
+//             exists, the public Device handle calls the device directly (ferry's devices
+//             synchronise finely; over UCX one biased lock guards the worker)
 //   trylock   one coarse try-lock around every call; a post that finds it taken returns
 //             retry(lock), a progress that finds it taken returns false
 //   block     one coarse blocking lock around every call (the MPI-like baseline)

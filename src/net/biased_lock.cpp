@@ -1,10 +1,6 @@
 // biased_lock.cpp — thread numbers and the slow path of BiasedLock (see biased_lock.hpp).
 #include "net/biased_lock.hpp"
 
-#include <linux/membarrier.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <thread>
 
 #include "common/cpu_relax.hpp"
@@ -40,7 +36,11 @@ BiasedLock::BiasedLock() noexcept : bias_(can_bias() ? 0 : kRevoked) {}
 
 BiasedLock::Held BiasedLock::lock_slow() noexcept {
   const std::uint64_t me = biased_detail::self();
-  spin_.lock();  // slow paths one at a time
+  // Slow paths one at a time. spin_ may be held across a long call (a progress call, close's
+  // flush) once the lock is revoked, so a waiter yields after a short spin.
+  for (int spins = 0; !spin_.try_lock(); spins = spins < 1024 ? spins + 1 : spins) {
+    if (spins < 1024) detail::cpu_relax(); else std::this_thread::yield();
+  }
   const std::uint64_t b = bias_.load(std::memory_order_acquire);
   if (b == kRevoked) return Held{};  // revoked for good: spin_ is the lock
   unsigned next = 0;
@@ -49,9 +49,9 @@ BiasedLock::Held BiasedLock::lock_slow() noexcept {
     // holder of spin_ changes bias_). Revoke it: the owner backs out or is waited for.
     const unsigned t = static_cast<unsigned>(b & 0xff);
     bias_.store(kRevoked, std::memory_order_seq_cst);
-    syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0);
+    hazard_detail::barrier_all();
     // The owner's critical section is one non-blocking call; yield to it if it was preempted.
-    for (int spins = 0; inside_[t].load(std::memory_order_acquire); ++spins) {
+    for (int spins = 0; inside_[t].load(std::memory_order_acquire); spins = spins < 1024 ? spins + 1 : spins) {
       if (spins < 1024) detail::cpu_relax(); else std::this_thread::yield();
     }
     next = t + 1;

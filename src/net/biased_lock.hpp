@@ -10,8 +10,9 @@
 //
 // Contract.
 //  - lock() and unlock() give mutual exclusion among all threads of the process; not
-//    recursive. lock() spins (critical sections are calls into a library that do not block,
-//    though some copy: the UCX backend's cross-memory-attach RMA runs under it).
+//    recursive (a debug build asserts that the owner's fast path is not re-entered). lock()
+//    waits by spinning, then yielding: critical sections are calls into a library that do not
+//    block, but some take long (a progress call that runs completions, a close that flushes).
 //    lock() returns a token that the matching unlock() takes back.
 //  - The lock is biased to one thread at a time, its owner: the first thread to lock. The
 //    owner's lock() is a relaxed load, an acquire load and a store of its tenure's `inside_` flag around a
@@ -41,6 +42,7 @@
 #pragma once
 
 #include <atomic>
+#include <cassert>
 #include <cstdint>
 
 #include "common/cache_line.hpp"
@@ -80,6 +82,7 @@ class alignas(detail::cache_line) BiasedLock {
     const std::uint64_t b = bias_.load(std::memory_order_relaxed);
     if (__builtin_expect((b >> 8) == biased_detail::self(), 1)) {
       const unsigned t = static_cast<unsigned>(b & 0xff);
+      assert(!inside_[t].load(std::memory_order_relaxed) && "BiasedLock is not recursive");
       inside_[t].store(true, std::memory_order_relaxed);  // made visible by a revoker's membarrier
       std::atomic_signal_fence(std::memory_order_seq_cst);
       if (__builtin_expect(bias_.load(std::memory_order_acquire) == b, 1)) return Held{true, t};

@@ -5,9 +5,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <new>
 #include <thread>
 
+#include "common/log.hpp"
 #include "common/tsan.hpp"
 
 namespace ferry::net {
@@ -83,14 +87,22 @@ bool expedited() noexcept {
 #endif
 }
 
+void barrier_all() noexcept {
+  if (syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0) == 0) return;
+  const int err = errno;
+  FERRY_LOG(error, "membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) failed after registration: %s (%d); "
+                   "ferry's asymmetric fences cannot order memory without it",
+            std::strerror(err), err);
+  std::abort();
+}
+
 }  // namespace hazard_detail
 
 void retire_wait(const void* p) noexcept {
   if (p == nullptr) return;
-  // After the caller's seq_cst replacement of p. The membarrier (registered, it cannot fail:
-  // its errors are for unregistered or unknown commands) is a full barrier here and in every
-  // running thread of the process, the light holds' missing half.
-  if (hazard_detail::expedited()) syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0);
+  // After the caller's seq_cst replacement of p. The membarrier is a full barrier here and in
+  // every running thread of the process, the light holds' missing half.
+  if (hazard_detail::expedited()) hazard_detail::barrier_all();
   for (HazardSlot* c = hazard_detail::g_slots.load(std::memory_order_acquire); c != nullptr; c = c->next) {
     // A hold lasts one post: a short wait, yielding to a preempted holder.
     while (c->held.load(std::memory_order_seq_cst) == p) std::this_thread::yield();

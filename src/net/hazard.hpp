@@ -46,6 +46,10 @@ static_assert(sizeof(HazardSlot) == detail::cache_line, "one slot per cache line
 namespace hazard_detail {
 HazardSlot* take_slot() noexcept;  // this thread's slot, taken on first use (hazard.cpp)
 bool expedited() noexcept;         // expedited membarrier registered for this process
+// A full barrier in every running thread of the process (expedited membarrier; call only
+// when expedited()). Registered, the call cannot fail; if the kernel says otherwise the
+// asymmetric fences' argument is void, and the process stops with a message (hazard.cpp).
+void barrier_all() noexcept;
 std::size_t slot_count() noexcept; // slots made so far (the tests check that exits give them back)
 // This thread's slot, or null before its first hold. constinit (no TLS wrapper call) and
 // initial-exec: one %fs-relative load.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <thread>
 #include <vector>
@@ -52,6 +53,75 @@ TEST(BiasedLock, ExcludesWhileTheBiasMovesAndAfterItIsRevoked) {
   }
   EXPECT_EQ(overlaps, 0u) << "two threads inside at once";
   EXPECT_EQ(lost, 0u) << "increments lost";
+}
+
+// A thread that takes and drops the lock when told (so one thread can hold it while another
+// tries, in each state of the bias).
+class Locker {
+ public:
+  explicit Locker(BiasedLock& lock) : lock_(lock), thread_([this] { run(); }) {}
+  ~Locker() {
+    order_.store(kExit);
+    thread_.join();
+  }
+  void take() { order_.store(kTake); }
+  void drop() { order_.store(kDrop); }
+  bool holds() const { return holds_.load(); }
+  // Whether holds() becomes `want` within 10 s.
+  bool reaches(bool want) const {
+    for (int i = 0; i < 10000; ++i) {
+      if (holds() == want) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+  }
+
+ private:
+  enum : int { kNone, kTake, kDrop, kExit };
+  void run() {
+    BiasedLock::Held how;
+    for (;;) {
+      const int order = order_.exchange(kNone);
+      if (order == kExit) return;
+      if (order == kTake) {
+        how = lock_.lock();
+        holds_.store(true);
+      } else if (order == kDrop) {
+        holds_.store(false);
+        lock_.unlock(how);
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+  }
+  BiasedLock& lock_;
+  std::atomic<int> order_{kNone};
+  std::atomic<bool> holds_{false};
+  std::thread thread_;
+};
+
+// In each state (the first owner holds; the thread that took the bias over holds and the old
+// owner asks; the lock revoked for good) a holder keeps the other thread out until it lets go.
+TEST(BiasedLock, AHolderKeepsTheOtherThreadOutInEveryState) {
+  BiasedLock lock;
+  Locker a(lock), b(lock);
+  const auto one_holds_other_waits = [&](Locker& holder, Locker& asker, const char* state) {
+    holder.take();
+    ASSERT_TRUE(holder.reaches(true)) << state << ": the holder never got the lock";
+    asker.take();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_FALSE(asker.holds()) << state << ": the asker got in while the holder held the lock";
+    holder.drop();
+    ASSERT_TRUE(asker.reaches(true)) << state << ": the asker never got the lock after the holder let go";
+    asker.drop();
+    ASSERT_TRUE(asker.reaches(false));
+  };
+  one_holds_other_waits(a, b, "first owner holds");   // b takes the bias over from a
+  one_holds_other_waits(b, a, "new owner holds");     // the old owner, a, waits, then takes it back
+  for (unsigned turn = 0; turn < BiasedLock::kTenures && lock.biased(); ++turn) one_holds_other_waits(a, b, "taking turns");
+  EXPECT_FALSE(lock.biased());
+  one_holds_other_waits(a, b, "revoked for good");
+  one_holds_other_waits(b, a, "revoked for good");
 }
 
 // One thread sets up, another drives: the second takes the bias over. Threads that keep

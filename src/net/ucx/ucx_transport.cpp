@@ -330,11 +330,10 @@ class UcxTransport final : public Transport {
     const EpHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
     if (ep == nullptr) return hold.refused();
+    // A cross-memory-attach copy does not touch the worker: it runs outside the worker lock.
+    if (am_rma(rank) && cma_pid(rank) != 0) return len > kInjectSize ? -EMSGSIZE : shm::cma_write(cma_pid(rank), buf, len, addr);
     const BiasedGuard guard(lock_);
-    if (am_rma(rank)) {
-      if (const pid_t pid = cma_pid(rank); pid != 0) return len > kInjectSize ? -EMSGSIZE : shm::cma_write(pid, buf, len, addr);
-      return am_put(rank, ep, buf, len, addr, key, nullptr, op_put, 0);
-    }
+    if (am_rma(rank)) return am_put(rank, ep, buf, len, addr, key, nullptr, op_put, 0);
     ucp_rkey_h rkey = nullptr;
     if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;
     unsigned char* slot = nullptr;
@@ -355,15 +354,13 @@ class UcxTransport final : public Transport {
     const EpHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
     if (ep == nullptr) return hold.refused();
-    const BiasedGuard guard(lock_);
-    if (am_rma(rank)) {
-      if (const pid_t pid = cma_pid(rank); pid != 0) {
-        start_local(ctx, rank, op_get);
-        push(completed(ctx, rank, shm::cma_read(pid, buf, len, addr)));
-        return 0;
-      }
-      return am_get(rank, ep, buf, len, addr, key, ctx);
+    if (am_rma(rank) && cma_pid(rank) != 0) {  // outside the worker lock, as in inject_put
+      start_local(ctx, rank, op_get);
+      push(completed(ctx, rank, shm::cma_read(cma_pid(rank), buf, len, addr)));
+      return 0;
     }
+    const BiasedGuard guard(lock_);
+    if (am_rma(rank)) return am_get(rank, ep, buf, len, addr, key, ctx);
     ucp_rkey_h rkey = nullptr;
     if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;
     ucp_request_param_t p = tracked(ctx, rank, op_get);
@@ -921,20 +918,23 @@ class UcxTransport final : public Transport {
     const EpHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
     if (ep == nullptr) return hold.refused();
-    const BiasedGuard guard(lock_);
-    if (am_rma(rank)) {
-      if (const pid_t pid = cma_pid(rank); pid != 0) {
-        // The bytes are at the target when the write returns; put_data's notification follows.
-        OpState& st = start_local(ctx, rank, kind);
-        st.data = data;
-        st.length = len;
-        const int rc = shm::cma_write(pid, buf, len, addr);
-        if (rc == 0) flushed(ctx, UCS_OK);
-        else push(completed(ctx, rank, rc));
+    if (am_rma(rank) && cma_pid(rank) != 0) {
+      // The bytes are at the target when the write returns (copied outside the worker lock, as
+      // in inject_put); put_data's notification follows, a send under the lock.
+      OpState& st = start_local(ctx, rank, kind);
+      st.data = data;
+      st.length = len;
+      const int rc = shm::cma_write(cma_pid(rank), buf, len, addr);
+      if (rc != 0) {
+        push(completed(ctx, rank, rc));
         return 0;
       }
-      return am_put(rank, ep, buf, len, addr, key, ctx, kind, data);
+      const BiasedGuard guard(lock_);
+      flushed(ctx, UCS_OK);
+      return 0;
     }
+    const BiasedGuard guard(lock_);
+    if (am_rma(rank)) return am_put(rank, ep, buf, len, addr, key, ctx, kind, data);
     ucp_rkey_h rkey = nullptr;
     if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;
     OpState& st = start_local(ctx, rank, kind);
@@ -1510,8 +1510,10 @@ class UcxTransport final : public Transport {
   // The transport whose worker is being destroyed on this thread (callbacks then only free
   // their requests). Initial-exec: every receive and send callback reads it, and the default
   // model for a shared library calls __tls_get_addr each time (about 11 instructions per
-  // message, callgrind). One pointer: linked with a program it is in static TLS, and dlopened
-  // it fits in the spare static TLS glibc keeps for such libraries.
+  // message, callgrind). With the hazard slot pointer (net/hazard.hpp) and the biased lock's
+  // thread number (net/biased_lock.hpp), three words of initial-exec TLS in the library: linked
+  // with a program they are in static TLS, and dlopened they fit in the spare static TLS glibc
+  // keeps for such libraries.
   static thread_local UcxTransport* tearing_down_ __attribute__((tls_model("initial-exec")));
 };
 
