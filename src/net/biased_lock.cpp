@@ -5,7 +5,7 @@
 
 #include "common/cpu_relax.hpp"
 #include "common/tsan.hpp"
-#include "net/hazard.hpp"
+#include "net/membarrier.hpp"
 
 namespace ferry::net {
 
@@ -27,7 +27,7 @@ bool can_bias() noexcept {
 #ifdef FERRY_TSAN
   return false;
 #else
-  return hazard_detail::expedited();  // registers expedited membarrier for the process once
+  return membarrier::expedited();  // registers expedited membarrier for the process once
 #endif
 }
 }  // namespace
@@ -49,7 +49,7 @@ BiasedLock::Held BiasedLock::lock_slow() noexcept {
     // holder of spin_ changes bias_). Revoke it: the owner backs out or is waited for.
     const unsigned t = static_cast<unsigned>(b & 0xff);
     bias_.store(kRevoked, std::memory_order_seq_cst);
-    hazard_detail::barrier_all();
+    membarrier::barrier_all();
     // The owner's critical section is one non-blocking call; yield to it if it was preempted.
     for (int spins = 0; inside_[t].load(std::memory_order_acquire); spins = spins < 1024 ? spins + 1 : spins) {
       if (spins < 1024) detail::cpu_relax(); else std::this_thread::yield();

@@ -35,7 +35,7 @@
 //    that drives the device alone takes it without an atomic; net/biased_lock.hpp); under the
 //    models that let one thread at a time in, nothing does.
 //  - Failure: ferry's liveness decides that a peer failed (heartbeats, the launcher);
-//    peer_failed() force-closes its endpoint once no post holds it (EpHold), so UCX
+//    peer_failed() force-closes its endpoint under the worker lock (PostHold), so UCX
 //    completes everything queued to it with UCS_ERR_CANCELED, which the core counts as
 //    peer-gone. Endpoints use UCX's peer error mode
 //    only to peers on other hosts: in UCX 1.13 that mode leaves out the shared-memory
@@ -62,7 +62,6 @@
 #include "ferry/error.hpp"
 #include "net/abandon.hpp"
 #include "net/biased_lock.hpp"
-#include "net/hazard.hpp"
 #include "net/shm/cma.hpp"
 #include "net/ucx/am_rma.hpp"
 #include "net/ucx/ucp.hpp"
@@ -253,10 +252,9 @@ class UcxTransport final : public Transport {
 
   int inject(int rank, const void* buf, std::size_t len) override {
     if (__builtin_expect(rank == rank_, 0)) return loop_inject(buf, len);
-    const EpHold hold(*this, rank);
+    const PostHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
-    if (__builtin_expect(ep == nullptr, 0)) return hold.refused();
-    const BiasedGuard guard(lock_);
+    if (__builtin_expect(ep == nullptr, 0)) return -EHOSTDOWN;
     ucp_request_param_t p;
     p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL | UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_AM_SEND_FLAG_EAGER;
@@ -279,10 +277,9 @@ class UcxTransport final : public Transport {
 
   int send(int rank, const void* buf, std::size_t len, void*, detail::OpContext* ctx) override {
     if (__builtin_expect(rank == rank_, 0)) return loop_send(buf, len, ctx);
-    const EpHold hold(*this, rank);
+    const PostHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
-    if (__builtin_expect(ep == nullptr, 0)) return hold.refused();
-    const BiasedGuard guard(lock_);
+    if (__builtin_expect(ep == nullptr, 0)) return -EHOSTDOWN;
     ucp_request_param_t p = tracked(ctx, rank, op_send);
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_AM_SEND_FLAG_EAGER;
@@ -327,12 +324,14 @@ class UcxTransport final : public Transport {
     return put_flushed(rank, buf, len, addr, key, ctx, op_put_data, data);
   }
   int inject_put(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key) override {
-    const EpHold hold(*this, rank);
-    ucp_ep_h ep = hold.get();
-    if (ep == nullptr) return hold.refused();
     // A cross-memory-attach copy does not touch the worker: it runs outside the worker lock.
-    if (am_rma(rank) && cma_pid(rank) != 0) return len > kInjectSize ? -EMSGSIZE : shm::cma_write(cma_pid(rank), buf, len, addr);
-    const BiasedGuard guard(lock_);
+    if (am_rma(rank) && cma_pid(rank) != 0) {
+      if (ep_of(rank) == nullptr) return -EHOSTDOWN;
+      return len > kInjectSize ? -EMSGSIZE : shm::cma_write(cma_pid(rank), buf, len, addr);
+    }
+    const PostHold hold(*this, rank);
+    ucp_ep_h ep = hold.get();
+    if (ep == nullptr) return -EHOSTDOWN;
     if (am_rma(rank)) return am_put(rank, ep, buf, len, addr, key, nullptr, op_put, 0);
     ucp_rkey_h rkey = nullptr;
     if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;
@@ -351,15 +350,15 @@ class UcxTransport final : public Transport {
   }
   int get(int rank, void* buf, std::size_t len, void*, std::uint64_t addr, std::uint64_t key,
           detail::OpContext* ctx) override {
-    const EpHold hold(*this, rank);
-    ucp_ep_h ep = hold.get();
-    if (ep == nullptr) return hold.refused();
     if (am_rma(rank) && cma_pid(rank) != 0) {  // outside the worker lock, as in inject_put
+      if (ep_of(rank) == nullptr) return -EHOSTDOWN;
       start_local(ctx, rank, op_get);
       push(completed(ctx, rank, shm::cma_read(cma_pid(rank), buf, len, addr)));
       return 0;
     }
-    const BiasedGuard guard(lock_);
+    const PostHold hold(*this, rank);
+    ucp_ep_h ep = hold.get();
+    if (ep == nullptr) return -EHOSTDOWN;
     if (am_rma(rank)) return am_get(rank, ep, buf, len, addr, key, ctx);
     ucp_rkey_h rkey = nullptr;
     if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;
@@ -462,9 +461,8 @@ class UcxTransport final : public Transport {
 
   std::string describe_peer(int rank) const override {
     if (rank < 0 || static_cast<std::size_t>(rank) >= eps_.size()) return caps_.name;
-    const EpHold hold(*this, rank);
+    const PostHold hold(*this, rank);
     if (hold.get() == nullptr) return caps_.name;
-    const BiasedGuard guard(lock_);
     const char* rma = cma_pid(rank) != 0 ? "; RMA: cross-memory attach" : am_rma(rank) ? "; RMA: over active messages" : "";
     return caps_.name + ": " + lanes_of(hold.get()) + rma;
   }
@@ -530,13 +528,11 @@ class UcxTransport final : public Transport {
         ops_.settle(&op);
       });
     }
-    // Posts that took a hold on the endpoint before the exchange finish their UCX calls
-    // first; later ones see no endpoint (EpHold). A hold lasts one non-blocking post.
-    // Seq_cst, as retire_wait requires (peer_failed is rare).
-    ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)].exchange(nullptr, std::memory_order_seq_cst);
+    // Posts that loaded the endpoint under the worker lock finish with it before the lock
+    // below is ours; later ones see no endpoint (PostHold).
+    ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)].exchange(nullptr, std::memory_order_acq_rel);
     if (ep == nullptr) return;
-    if (multi_) retire_wait(ep);
-    const BiasedGuard guard(lock_);  // after retire_wait: a post holds the endpoint, then this lock
+    const BiasedGuard guard(lock_);
     // Force-closing makes UCX complete what is queued to the peer now (UCS_ERR_CANCELED) and
     // drops the endpoint before UCX finds it broken. (Keeping failed peers' endpoints open until
     // teardown instead let UCX abort the process, "Endpoint timeout", in the AMT failure test
@@ -597,22 +593,21 @@ class UcxTransport final : public Transport {
 
   ucp_ep_h ep_of(int rank) const noexcept { return eps_[static_cast<std::size_t>(rank)].load(std::memory_order_relaxed); }
 
-  // A post's hold on a peer's endpoint, for the length of the post. Under the lockless model
-  // posts run beside the poll lock holder, whose peer_failed
-  // force-closes the endpoint: a post takes a hazard hold on it (net/hazard.hpp: a store to
-  // its thread's slot, a compiler fence, a reload), and peer_failed, having nulled the slot,
-  // waits in retire_wait until no hold has it before it closes. Under the other models posts
-  // and peer_failed never overlap (the lock model lets one thread in): one relaxed load.
-  class EpHold {
+  // A post's hold on the worker and a peer's endpoint, for the length of the post: under the
+  // lockless model the worker lock, then the endpoint (one relaxed load). peer_failed nulls the
+  // endpoint, then closes it under the same lock: a post that loaded it under the lock is done
+  // with it before the close, and one whose lock comes after the close's release sees null
+  // (the null store happens before it). Under the other models posts and peer_failed never
+  // overlap (the lock model lets one thread in) and there is no lock. The cross-memory-attach
+  // paths, which do not use the endpoint, only check it.
+  class PostHold {
    public:
-    EpHold(const UcxTransport& t, int rank) noexcept : hold_(t.eps_[static_cast<std::size_t>(rank)], t.multi_) {}
-    ucp_ep_h get() const noexcept { return hold_.get(); }
-    // Why get() is null: the peer's endpoint is closed, or (out of memory for this thread's
-    // hazard slot) the post should be retried.
-    int refused() const noexcept { return hold_.starved() ? -EAGAIN : -EHOSTDOWN; }
+    PostHold(const UcxTransport& t, int rank) noexcept : guard_(t.lock_), ep_(t.ep_of(rank)) {}
+    ucp_ep_h get() const noexcept { return ep_; }
 
    private:
-    HazardHold<std::remove_pointer_t<ucp_ep_h>> hold_;
+    BiasedGuard guard_;
+    ucp_ep_h ep_;
   };
 
   // Rank r's pid when this process may read and write its memory by cross-memory attach (the
@@ -915,10 +910,8 @@ class UcxTransport final : public Transport {
   // data is then at the target); put_data's flush also sends the notification.
   int put_flushed(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key,
                   detail::OpContext* ctx, OpKindUcx kind, std::uint64_t data) {
-    const EpHold hold(*this, rank);
-    ucp_ep_h ep = hold.get();
-    if (ep == nullptr) return hold.refused();
     if (am_rma(rank) && cma_pid(rank) != 0) {
+      if (ep_of(rank) == nullptr) return -EHOSTDOWN;
       // The bytes are at the target when the write returns (copied outside the worker lock, as
       // in inject_put); put_data's notification follows, a send under the lock.
       OpState& st = start_local(ctx, rank, kind);
@@ -930,10 +923,12 @@ class UcxTransport final : public Transport {
         return 0;
       }
       const BiasedGuard guard(lock_);
-      flushed(ctx, UCS_OK);
+      flushed(ctx, UCS_OK);  // finds the endpoint gone if the peer failed meanwhile
       return 0;
     }
-    const BiasedGuard guard(lock_);
+    const PostHold hold(*this, rank);
+    ucp_ep_h ep = hold.get();
+    if (ep == nullptr) return -EHOSTDOWN;
     if (am_rma(rank)) return am_put(rank, ep, buf, len, addr, key, ctx, kind, data);
     ucp_rkey_h rkey = nullptr;
     if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;
@@ -1442,7 +1437,7 @@ class UcxTransport final : public Transport {
                               reinterpret_cast<std::uintptr_t>(this);
   // Endpoints by rank. connect writes them before any post (the bootstrap's fence publishes
   // them); then only peer_failed (to null) and close change them. Posts read them through
-  // EpHold (a hazard hold under lockless, against which peer_failed replaces them seq_cst).
+  // PostHold (under the worker lock, under which peer_failed closes them).
   std::vector<std::atomic<ucp_ep_h>> eps_;
   detail::MpmcRing<Event> events_;
   std::atomic<bool> overflowing_{false};
@@ -1510,10 +1505,9 @@ class UcxTransport final : public Transport {
   // The transport whose worker is being destroyed on this thread (callbacks then only free
   // their requests). Initial-exec: every receive and send callback reads it, and the default
   // model for a shared library calls __tls_get_addr each time (about 11 instructions per
-  // message, callgrind). With the hazard slot pointer (net/hazard.hpp) and the biased lock's
-  // thread number (net/biased_lock.hpp), three words of initial-exec TLS in the library: linked
-  // with a program they are in static TLS, and dlopened they fit in the spare static TLS glibc
-  // keeps for such libraries.
+  // message, callgrind). Like the biased lock's thread number and the packet pool's cache, a
+  // word of initial-exec TLS: linked with a program it is in static TLS, and dlopened the
+  // library's few such words fit in the spare static TLS glibc keeps for such libraries.
   static thread_local UcxTransport* tearing_down_ __attribute__((tls_model("initial-exec")));
 };
 
