@@ -28,6 +28,8 @@ constexpr unsigned kAmPut = 5;       // header: PutHeader; data: the bytes
 constexpr unsigned kAmGet = 6;       // header: GetHeader; no data
 constexpr unsigned kAmGetReply = 7;  // header: RmaReply; data: the bytes (none on error)
 constexpr unsigned kAmPutAck = 8;    // header: RmaReply; no data
+constexpr unsigned kAmGetPush = 9;   // header: PushHeader; no data
+constexpr unsigned kAmPushDone = 10; // header: RmaReply (offset 0); no data
 
 enum PutFlag : std::uint32_t {
   put_ack = 1,     // the requester waits for an RmaReply (put, put_data; not inject_put)
@@ -50,6 +52,13 @@ struct GetHeader {
   std::uint64_t addr;
   std::uint64_t key;
   std::uint64_t length;
+};
+// A pushed get (Transport::get_pushed, to a peer this rank reaches by cross-memory attach):
+// the target writes the bytes to `dest` in the requester's memory itself and answers with
+// kAmPushDone; a target that cannot write there answers as a get, with the bytes.
+struct PushHeader {
+  GetHeader get;
+  std::uint64_t dest;
 };
 struct RmaReply {
   std::int32_t from;
@@ -81,6 +90,14 @@ struct PendingPut {
   void* transport;
   PutHeader head;
 };
+// A pushed get the target's poll serves after its progress, outside the worker lock.
+struct Push {
+  int from;
+  std::uint64_t id;
+  std::uint64_t addr;
+  std::uint64_t length;
+  std::uint64_t dest;
+};
 // An answer the target's poll sends: an acknowledgement, or a get's bytes (addr, length).
 struct Answer {
   unsigned am;
@@ -111,11 +128,13 @@ class RmaOps {
     bool finished = false;  // its event was pushed (or it has none)
     std::size_t received = 0;  // a get's bytes in place so far
     bool counted = false;      // a get whose length is in `getting`
+    bool pushed = false;       // a pushed get: kAmPushDone may end it
     void* buffer = nullptr;  // a get's destination
     std::size_t length = 0;
     union {
       PutHeader put;
       GetHeader get;
+      PushHeader push;
     } head{};
     unsigned char* bounce = nullptr;  // inject_put: the transport's bounce slot holding its bytes
   };
@@ -153,6 +172,7 @@ class RmaOps {
     op.length = 0;
     op.received = 0;
     op.counted = false;
+    op.pushed = false;
     op.bounce = nullptr;
     return &op;
   }

@@ -173,6 +173,8 @@ class UcxTransport final : public Transport {
     set_am_handler(kAmGet, &UcxTransport::on_get);
     set_am_handler(kAmGetReply, &UcxTransport::on_get_reply);
     set_am_handler(kAmPutAck, &UcxTransport::on_put_ack);
+    set_am_handler(kAmGetPush, &UcxTransport::on_get_push);
+    set_am_handler(kAmPushDone, &UcxTransport::on_push_done);
     caps_.name = "ucx";
     caps_.inject_size = kInjectSize;
     caps_.max_msg_size = std::size_t{1} << 30;
@@ -183,6 +185,7 @@ class UcxTransport final : public Transport {
     caps_.local_registration = false;
     caps_.remote_data_consumes_recv = false;
     caps_.reports_source = false;  // the data callback does not learn the sender (no UCP header)
+    caps_.pushed_get = true;       // to peers reached by cross-memory attach (get_pushed)
   }
 
   ~UcxTransport() override { close(); }
@@ -366,6 +369,19 @@ class UcxTransport final : public Transport {
     return posted(ctx, rank, ucp_get_nbx(ep, buf, len, addr, rkey, &p));
   }
 
+  // A rendezvous read into one of the core's receive blocks: to a peer this rank reaches by
+  // cross-memory attach, the target writes the bytes (one process_vm_writev, which pins the
+  // block's few huge pages rather than the source's many small ones; see net/shm/README.md);
+  // to others, a get.
+  int get_pushed(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
+                 detail::OpContext* ctx) override {
+    if (!am_rma(rank) || cma_pid(rank) == 0 || len == 0) return get(rank, buf, len, desc, addr, key, ctx);
+    const PostHold hold(*this, rank);
+    ucp_ep_h ep = hold.get();
+    if (ep == nullptr) return -EHOSTDOWN;
+    return am_get(rank, ep, buf, len, addr, key, ctx, true);
+  }
+
   Registration* register_memory(const void* buf, std::size_t len, Access access) override {
     ucp_mem_map_params_t mp{};
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
@@ -420,6 +436,7 @@ class UcxTransport final : public Transport {
       if (__builtin_expect(!replies_.empty(), 0)) send_replies();
       if (__builtin_expect(answers_waiting_.load(std::memory_order_acquire), 0)) send_answers();
     }
+    if (__builtin_expect(!pushes_.empty(), 0)) serve_pushes();
     if (fill_ != nullptr) drain_loopback();  // an empty ring: two loads of lines only pushes write
     int n = 0;
     // Receives in posting order, which is the order the data callback filled them (arrival
@@ -1042,7 +1059,7 @@ class UcxTransport final : public Transport {
     return am_posted(op, ucp_am_send_nbx(ep, kAmPut, &op->head.put, sizeof(PutHeader), buf, len, &p));
   }
   int am_get(int rank, ucp_ep_h ep, void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key,
-             detail::OpContext* ctx) {
+             detail::OpContext* ctx, bool push = false) {
     RmaOps::Op* op = nullptr;
     {
       std::lock_guard<detail::SpinLock> g(ops_.lock());
@@ -1053,10 +1070,12 @@ class UcxTransport final : public Transport {
       op = ops_.claim(ctx, rank, true);
       if (op == nullptr) return -EAGAIN;
       ops_.getting += len;
-      op->head.get = GetHeader{rank_, 0, op->id, addr, key, len};
+      if (push) op->head.push = PushHeader{GetHeader{rank_, 0, op->id, addr, key, len}, reinterpret_cast<std::uintptr_t>(buf)};
+      else op->head.get = GetHeader{rank_, 0, op->id, addr, key, len};
       op->buffer = buf;
       op->length = len;
       op->counted = true;
+      op->pushed = push;
     }
     begin_tracking(ctx, rank, op_get);
     ucp_request_param_t p;
@@ -1064,6 +1083,7 @@ class UcxTransport final : public Transport {
     p.flags = UCP_AM_SEND_FLAG_EAGER;
     p.cb.send = &UcxTransport::on_rma_sent;
     p.user_data = op;
+    if (push) return am_posted(op, ucp_am_send_nbx(ep, kAmGetPush, &op->head.push, sizeof(PushHeader), nullptr, 0, &p));
     return am_posted(op, ucp_am_send_nbx(ep, kAmGet, &op->head.get, sizeof(GetHeader), nullptr, 0, &p));
   }
   // A refused send leaves no trace; one done at once is as if its callback ran.
@@ -1291,6 +1311,68 @@ class UcxTransport final : public Transport {
     t->answer(Answer{kAmGetReply, q.from, RmaReply{t->rank_, 0, q.id, 0}, q.addr, q.length});
     return UCS_OK;
   }
+  // A pushed get: checked as a get; served by this poll after its progress (pushes_), or, where
+  // this rank cannot write the requester's memory, answered as a get.
+  static ucs_status_t on_get_push(void* arg, const void* header, std::size_t header_length, void*, std::size_t,
+                                  const ucp_am_recv_param_t*) {
+    auto* t = static_cast<UcxTransport*>(arg);
+    if (tearing_down_ != nullptr || header_length != sizeof(PushHeader)) return UCS_OK;
+    PushHeader h;
+    std::memcpy(&h, header, sizeof(h));
+    const GetHeader& q = h.get;
+    if (q.from < 0 || static_cast<std::size_t>(q.from) >= t->eps_.size()) return UCS_OK;
+    if (!t->region_allows(q.key, q.addr, q.length, Access::remote_read)) {
+      t->refused_request("get", q.from, q.key, q.addr, q.length);
+      t->answer(Answer{kAmPushDone, q.from, RmaReply{t->rank_, -EINVAL, q.id, 0}, 0, 0});
+      return UCS_OK;
+    }
+    if (t->cma_pid(q.from) != 0) {
+      try {
+        t->pushes_.push_back(Push{q.from, q.id, q.addr, q.length, h.dest});
+        return UCS_OK;
+      } catch (...) {  // out of memory: answered with the bytes instead
+      }
+    }
+    t->answer(Answer{kAmGetReply, q.from, RmaReply{t->rank_, 0, q.id, 0}, q.addr, q.length});
+    return UCS_OK;
+  }
+  // The poll lock holder, outside the worker lock: each pushed get is one cross-memory-attach
+  // write into the requester's memory (its address is the requester's own business: it can
+  // only ask for bytes it may read to be written into its own process), then its answer.
+  void serve_pushes() {
+    for (const Push& q : pushes_) {
+      const int rc = shm::cma_write(cma_pid(q.from), reinterpret_cast<const void*>(q.addr), q.length, q.dest);
+      answer(Answer{kAmPushDone, q.from, RmaReply{rank_, rc, q.id, 0}, 0, 0});
+    }
+    pushes_.clear();
+    const BiasedGuard guard(lock_);
+    send_answers();
+  }
+  // The requester's: a pushed get is done (or failed) at the target.
+  static ucs_status_t on_push_done(void* arg, const void* header, std::size_t header_length, void*, std::size_t length,
+                                   const ucp_am_recv_param_t*) {
+    auto* t = static_cast<UcxTransport*>(arg);
+    if (tearing_down_ != nullptr || header_length != sizeof(RmaReply)) return UCS_OK;
+    RmaReply a;
+    std::memcpy(&a, header, sizeof(a));
+    detail::OpContext* ctx = nullptr;
+    int rank = -1;
+    int error = wire_error(a.error);
+    {
+      std::lock_guard<detail::SpinLock> g(t->ops_.lock());
+      RmaOps::Op* op = t->ops_.find(a.id);
+      if (op == nullptr || op->rank != a.from || !op->awaiting || op->ctx == nullptr || !op->pushed) return UCS_OK;
+      // Bytes from the wire: a done notice carries none, and comes instead of any piece.
+      if (error == 0 && (length != 0 || a.offset != 0 || op->received != 0)) error = -EIO;
+      ctx = op->ctx;
+      rank = op->rank;
+      op->awaiting = false;
+      op->finished = true;
+      t->ops_.settle(op);
+    }
+    t->push(completed(ctx, rank, error));
+    return UCS_OK;
+  }
   // Answers wait for the poll (callbacks may run on any thread, and send nothing themselves).
   void answer(const Answer& a) noexcept {
     std::lock_guard<detail::SpinLock> g(answers_lock_);
@@ -1493,6 +1575,7 @@ class UcxTransport final : public Transport {
   detail::SpinLock answers_lock_;
   std::vector<Answer> answers_;
   std::vector<Answer> answers_backlog_;  // poll lock holder: taken from answers_, not yet sent
+  std::vector<Push> pushes_;  // poll lock holder: pushed gets to serve after progress
   // The headers of answer messages in flight to peers on this host (send_answer).
   detail::SpinLock pieces_lock_;
   std::vector<std::unique_ptr<Piece>> piece_store_;
