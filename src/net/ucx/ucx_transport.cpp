@@ -372,10 +372,11 @@ class UcxTransport final : public Transport {
   // A rendezvous read into one of the core's receive blocks: to a peer this rank reaches by
   // cross-memory attach, the target writes the bytes (one process_vm_writev, which pins the
   // block's few huge pages rather than the source's many small ones; see net/shm/README.md);
-  // to others, a get.
+  // to others, and to this rank itself (UCX's `self` transport would run the request's callback
+  // inside this call, beside the poll that owns pushes_), a get.
   int get_pushed(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
                  detail::OpContext* ctx) override {
-    if (!am_rma(rank) || cma_pid(rank) == 0 || len == 0) return get(rank, buf, len, desc, addr, key, ctx);
+    if (rank == rank_ || !am_rma(rank) || cma_pid(rank) == 0 || len == 0) return get(rank, buf, len, desc, addr, key, ctx);
     const PostHold hold(*this, rank);
     ucp_ep_h ep = hold.get();
     if (ep == nullptr) return -EHOSTDOWN;
@@ -1326,7 +1327,7 @@ class UcxTransport final : public Transport {
       t->answer(Answer{kAmPushDone, q.from, RmaReply{t->rank_, -EINVAL, q.id, 0}, 0, 0});
       return UCS_OK;
     }
-    if (t->cma_pid(q.from) != 0) {
+    if (q.from != t->rank_ && t->cma_pid(q.from) != 0) {  // never from this rank (get_pushed)
       try {
         t->pushes_.push_back(Push{q.from, q.id, q.addr, q.length, h.dest});
         return UCS_OK;
