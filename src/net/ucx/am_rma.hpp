@@ -11,7 +11,9 @@
 // within a host), acknowledged by the target once written; a get is a request the target
 // answers with the bytes. The target checks every request against its registrations (key,
 // range, access) before it touches memory: the header is bytes from the wire. No remote key
-// travels, so the first operation on a registration needs no key round trip.
+// travels, so the first operation on a registration needs no key round trip. A rendezvous
+// read to a peer reached by cross-memory attach may instead be pushed: the target writes the
+// bytes into the requester's memory itself and says so (PushHeader, kAmPushDone).
 #pragma once
 
 #include <cstddef>
