@@ -1,8 +1,6 @@
 // biased_lock.cpp — thread numbers and the slow path of BiasedLock (see biased_lock.hpp).
 #include "net/biased_lock.hpp"
 
-#include <thread>
-
 #include "common/cpu_relax.hpp"
 #include "common/tsan.hpp"
 #include "net/membarrier.hpp"
@@ -38,9 +36,8 @@ BiasedLock::Held BiasedLock::lock_slow() noexcept {
   const std::uint64_t me = biased_detail::self();
   // Slow paths one at a time. spin_ may be held across a long call (a progress call, close's
   // flush) once the lock is revoked, so a waiter yields after a short spin.
-  for (int spins = 0; !spin_.try_lock(); spins = spins < 1024 ? spins + 1 : spins) {
-    if (spins < 1024) detail::cpu_relax(); else std::this_thread::yield();
-  }
+  detail::IdleBackoff wait_lock;
+  while (!spin_.try_lock()) wait_lock(false);
   const std::uint64_t b = bias_.load(std::memory_order_acquire);
   if (b == kRevoked) return Held{};  // revoked for good: spin_ is the lock
   unsigned next = 0;
@@ -51,9 +48,8 @@ BiasedLock::Held BiasedLock::lock_slow() noexcept {
     bias_.store(kRevoked, std::memory_order_seq_cst);
     membarrier::barrier_all();
     // The owner's critical section is one non-blocking call; yield to it if it was preempted.
-    for (int spins = 0; inside_[t].load(std::memory_order_acquire); spins = spins < 1024 ? spins + 1 : spins) {
-      if (spins < 1024) detail::cpu_relax(); else std::this_thread::yield();
-    }
+    detail::IdleBackoff wait_owner;
+    while (inside_[t].load(std::memory_order_acquire)) wait_owner(false);
     next = t + 1;
     if (next == kTenures) return Held{};  // the last tenure: revoked for good, spin_ held
   }

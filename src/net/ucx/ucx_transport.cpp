@@ -1297,18 +1297,23 @@ class UcxTransport final : public Transport {
     }
     if ((h.flags & put_ack) != 0) answer(Answer{kAmPutAck, h.from, RmaReply{rank_, error, h.id, 0}, 0, 0});
   }
+  // A get request's header (bytes from the wire): a sender that names no rank is ignored; a
+  // range outside this rank's readable registrations is refused with -EINVAL in a `refusal`
+  // message. True when the request may be served.
+  bool get_allowed(const GetHeader& q, unsigned refusal) {
+    if (q.from < 0 || static_cast<std::size_t>(q.from) >= eps_.size()) return false;
+    if (region_allows(q.key, q.addr, q.length, Access::remote_read)) return true;
+    refused_request("get", q.from, q.key, q.addr, q.length);
+    answer(Answer{refusal, q.from, RmaReply{rank_, -EINVAL, q.id, 0}, 0, 0});
+    return false;
+  }
   static ucs_status_t on_get(void* arg, const void* header, std::size_t header_length, void*, std::size_t,
                              const ucp_am_recv_param_t*) {
     auto* t = static_cast<UcxTransport*>(arg);
     if (tearing_down_ != nullptr || header_length != sizeof(GetHeader)) return UCS_OK;
     GetHeader q;
     std::memcpy(&q, header, sizeof(q));
-    if (q.from < 0 || static_cast<std::size_t>(q.from) >= t->eps_.size()) return UCS_OK;
-    if (!t->region_allows(q.key, q.addr, q.length, Access::remote_read)) {
-      t->refused_request("get", q.from, q.key, q.addr, q.length);
-      t->answer(Answer{kAmGetReply, q.from, RmaReply{t->rank_, -EINVAL, q.id, 0}, 0, 0});
-      return UCS_OK;
-    }
+    if (!t->get_allowed(q, kAmGetReply)) return UCS_OK;
     t->answer(Answer{kAmGetReply, q.from, RmaReply{t->rank_, 0, q.id, 0}, q.addr, q.length});
     return UCS_OK;
   }
@@ -1321,12 +1326,7 @@ class UcxTransport final : public Transport {
     PushHeader h;
     std::memcpy(&h, header, sizeof(h));
     const GetHeader& q = h.get;
-    if (q.from < 0 || static_cast<std::size_t>(q.from) >= t->eps_.size()) return UCS_OK;
-    if (!t->region_allows(q.key, q.addr, q.length, Access::remote_read)) {
-      t->refused_request("get", q.from, q.key, q.addr, q.length);
-      t->answer(Answer{kAmPushDone, q.from, RmaReply{t->rank_, -EINVAL, q.id, 0}, 0, 0});
-      return UCS_OK;
-    }
+    if (!t->get_allowed(q, kAmPushDone)) return UCS_OK;
     if (q.from != t->rank_ && t->cma_pid(q.from) != 0) {  // never from this rank (get_pushed)
       try {
         t->pushes_.push_back(Push{q.from, q.id, q.addr, q.length, h.dest});
