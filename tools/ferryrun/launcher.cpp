@@ -9,7 +9,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
@@ -18,10 +17,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <optional>
 
 #include "io.hpp"
 #include "pmi_server.hpp"
+#include "segments.hpp"
 #include "spawn.hpp"
 
 namespace ferryrun {
@@ -100,6 +101,8 @@ class Launcher {
   Clock::time_point kill_at_, give_up_at_;
   std::optional<Clock::time_point> timeout_at_;
   int null_fd_ = -1;
+  std::time_t started_ = 0;  // when the ranks were started (segments from before are not theirs)
+  bool unclean_ = false;     // a rank ended by a signal or a non-zero exit code
 };
 
 bool Launcher::install_signals() {
@@ -126,6 +129,7 @@ int Launcher::run() {
   if (opts_.timeout_s > 0)
     timeout_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                      std::chrono::duration<double>(opts_.timeout_s));
+  started_ = std::time(nullptr);
   start_ranks();
   loop();
   finish();
@@ -286,6 +290,7 @@ void Launcher::rank_exited(int r, int status) {
   // Descendants may hold the pipes open indefinitely, so take what the rank wrote and stop.
   rk.out.finish();
   rk.err.finish();
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) unclean_ = true;
   if (terminating_) return;
   const std::string who = "rank " + std::to_string(r) + " (pid " + std::to_string(rk.pid) + ")";
   int code = 0;
@@ -396,28 +401,12 @@ void Launcher::finish() {
 }
 
 void Launcher::remove_shm_segments() {
-  // libfabric's shm provider names its segments "<pid>:<domain>:<endpoint>", ferry's own
-  // shared-memory transport "ferry-<pid>-<device>-<random>". ferry's are unlinked as soon as
-  // every peer has mapped them, libfabric's only by a rank that exits cleanly; a rank killed
-  // before either would leave them in /dev/shm.
-  std::vector<std::string> prefixes;
-  for (const Rank& rk : ranks_) {
-    if (rk.pid <= 0) continue;
-    prefixes.push_back(std::to_string(rk.pid) + ":");
-    prefixes.push_back("ferry-" + std::to_string(rk.pid) + "-");
-  }
-  if (prefixes.empty()) return;
-  DIR* dir = ::opendir("/dev/shm");
-  if (!dir) return;
-  while (const dirent* e = ::readdir(dir)) {
-    std::string_view name(e->d_name);
-    for (const std::string& p : prefixes)
-      if (name.substr(0, p.size()) == p) {
-        ::unlinkat(::dirfd(dir), e->d_name, 0);
-        break;
-      }
-  }
-  ::closedir(dir);
+  EndedJob job{.ranks = {}, .started = started_, .unclean = unclean_};
+  for (const Rank& rk : ranks_)
+    if (rk.pid > 0) job.ranks.push_back(rk.pid);
+  for (const std::string& name : remove_left_segments(job))
+    note("removed UCX's shared-memory " + (name[0] == '/' ? "segment " + name : name) +
+         ", left by a rank that did not exit cleanly");
 }
 
 }  // namespace

@@ -38,7 +38,8 @@ it, sends SIGTERM to the other ranks and everything they started, and SIGKILL 2 
 (with --keep-going it reports it and lets the others run on: ferry programs learn of the
 failed rank themselves, see Runtime::failed_ranks).
 Ctrl-C, SIGTERM and SIGHUP to ferryrun do the same (a second Ctrl-C kills at once).
-Afterwards ferryrun removes the /dev/shm segments the ranks left behind.
+Afterwards ferryrun removes the /dev/shm segments the ranks left behind (after a rank
+died, also UCX's POSIX and System V segments that no process holds: see README.md).
 
 Environment:
   FERRY_TIMEOUT=S   default for --timeout
