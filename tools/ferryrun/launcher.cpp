@@ -70,6 +70,7 @@ class Launcher {
   struct Rank {
     pid_t pid = -1;
     bool alive = false;
+    std::time_t ended = 0;  // when it was reaped
     int pmi_fd = -1;
     LineForwarder out, err;
   };
@@ -285,6 +286,7 @@ void Launcher::rank_exited(int r, int status) {
   Rank& rk = ranks_[static_cast<std::size_t>(r)];
   if (!rk.alive) return;
   rk.alive = false;
+  rk.ended = std::time(nullptr);
   --alive_;
   read_pmi(r, true);
   // Descendants may hold the pipes open indefinitely, so take what the rank wrote and stop.
@@ -401,12 +403,9 @@ void Launcher::finish() {
 }
 
 void Launcher::remove_shm_segments() {
-  EndedJob job{.ranks = {}, .started = started_, .unclean = unclean_};
-  for (const Rank& rk : ranks_)
-    if (rk.pid > 0) job.ranks.push_back(rk.pid);
-  for (const std::string& name : remove_left_segments(job))
-    note("removed UCX's shared-memory " + (name[0] == '/' ? "segment " + name : name) +
-         ", left by a rank that did not exit cleanly");
+  EndedJob job{.ranks = {}, .started = started_, .unclean = unclean_ || failed_, .sweep_ucx = opts_.sweep_ucx};
+  for (const Rank& rk : ranks_) job.ranks.push_back(EndedRank{.pid = rk.pid, .ended = rk.ended});
+  for (const std::string& line : remove_left_segments(job)) note(line);
 }
 
 }  // namespace

@@ -14,6 +14,8 @@ struct Options {
   // A rank that exits non-zero or is killed is reported (and decides the exit code) but the
   // others run on to their own end: for programs that survive a peer's failure.
   bool keep_going = false;
+  // After a failed job, remove UCX's shared-memory segments that no process holds (segments.hpp).
+  bool sweep_ucx = true;
   std::vector<std::string> argv;  // program and its arguments
 };
 

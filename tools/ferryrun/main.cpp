@@ -38,8 +38,8 @@ it, sends SIGTERM to the other ranks and everything they started, and SIGKILL 2 
 (with --keep-going it reports it and lets the others run on: ferry programs learn of the
 failed rank themselves, see Runtime::failed_ranks).
 Ctrl-C, SIGTERM and SIGHUP to ferryrun do the same (a second Ctrl-C kills at once).
-Afterwards ferryrun removes the /dev/shm segments the ranks left behind (after a rank
-died, also UCX's POSIX and System V segments that no process holds: see README.md).
+Afterwards ferryrun removes the /dev/shm segments the ranks left behind; after a failed
+job also UCX's that no process holds (see README.md; --keep-ucx-segments to leave them).
 
 Environment:
   FERRY_TIMEOUT=S   default for --timeout
@@ -120,6 +120,10 @@ int main(int argc, char** argv) {
   app.add_flag("--keep-going", keep_going,
                "When a rank fails, report it but let the other ranks run to their own end "
                "(the exit code still names the first failure)");
+  bool keep_ucx = false;
+  app.add_flag("--keep-ucx-segments", keep_ucx,
+               "After a failed job, leave UCX's unheld shared-memory segments in place (for hosts where "
+               "processes this ferryrun cannot see, in other containers, share /dev/shm)");
   CLI::Option* with_prefix = app.add_flag("--prefix")->description(
       "Prefix each output line with \"[rank] \" (the default)");
   CLI::Option* without_prefix = app.add_flag("--no-prefix")->description(
@@ -144,6 +148,7 @@ int main(int argc, char** argv) {
   ferryrun::Options opts;
   opts.prefix_output = prefix;
   opts.keep_going = keep_going;
+  opts.sweep_ucx = !keep_ucx;
   opts.argv = app.remaining();
   if (!opts.argv.empty() && opts.argv.front() == "--") {
     opts.argv.erase(opts.argv.begin());
