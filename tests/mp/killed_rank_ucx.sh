@@ -10,6 +10,7 @@
 #  - a System V segment that a rank creates and never attaches before it SIGKILLs itself: removed;
 #    one that another process created meanwhile stays.
 set -u
+. "$(dirname "$0")/rank_cleanup.sh"
 ferryrun=$1 bench=$2 python=$3
 tmp=$(mktemp -d)
 tag="ferrytest_$$_"
@@ -27,9 +28,9 @@ segment_exists() { awk -v id="$1" 'NR > 1 && $2 == id { found = 1 } END { exit !
 
 # Waits until the job's two ranks run and have mapped UCX's shared memory; prints their pids.
 ranks_of() {
-  local ranks="" n p
+  local ranks n p
+  ranks=$(children_of "$1" "$bench" 2)
   for _ in $(seq 1 300); do
-    ranks=$(pgrep -P "$1" -f "$bench" | tr '\n' ' ')
     n=0
     for p in $ranks; do grep -q "ucx_shm_posix\|SYSV" /proc/$p/maps 2>/dev/null && n=$((n + 1)); done
     [ "$n" -eq 2 ] && break

@@ -77,8 +77,10 @@ std::optional<std::unordered_set<ino_t>> held_inodes(dev_t dev) {
     DIR* fds = ::opendir((base + "/fd").c_str());
     if (fds == nullptr) {
       if (errno == ENOENT) continue;  // it ended meanwhile
-      if (runs_as(base, me)) blind = true;
-      if (blind) break;
+      if (runs_as(base, me)) {
+        blind = true;
+        break;
+      }
       continue;
     }
     while (const dirent* f = ::readdir(fds)) {
