@@ -294,8 +294,9 @@ class Ferry(Impl):
         super().__init__(r, args)
         self.entry = entry
         entry, _, suffix = entry.partition("@")
-        # "handler": the latency runs use ferry-bench pingpong --inbox handler.
-        self.inbox = "handler" if suffix == "handler" else None
+        # "handler": the latency runs use ferry-bench pingpong --inbox handler; "reply": --inbox
+        # reply (the Handler answers the message itself).
+        self.inbox = suffix if suffix in ("handler", "reply") else None
         # "serialized": FERRY_LOCK_MODEL=serialized (no lock; UCX's worker unlocked too), each
         # thread of a multi-thread rate with a device of its own.
         self.serialized = suffix == "serialized"
@@ -591,7 +592,8 @@ def main():
     ap.add_argument("--transports", default="shm,shm@handler,ofi:shm,ucx",
                     help="ferry transports, comma-separated: NAME sets FERRY_TRANSPORT=NAME, NAME:PROV also "
                          "FERRY_PROVIDER=PROV; a suffix @handler measures latency only, with the message handed "
-                         "to a Handler instead of popped from a CompletionQueue; @serialized runs it under "
+                         "to a Handler instead of popped from a CompletionQueue; @reply measures latency only, "
+                         "with the Handler posting the answer itself (pingpong --inbox reply); @serialized runs it under "
                          "FERRY_LOCK_MODEL=serialized (no lock; a device per thread in the T-thread rate) "
                          "(default shm,shm@handler,ofi:shm,ucx; e.g. shm,ofi:shm,ofi:tcp,ucx@serialized)")
     ap.add_argument("--provider", default="shm", help="libfabric provider of the raw libfabric baseline (default shm)")
@@ -628,10 +630,10 @@ def main():
     if not bw_sizes or any(s < 1 for s in bw_sizes):
         ap.error("--bw-sizes needs sizes of at least 1 byte, got %r" % args.bw_sizes)
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
-    bad = [t for t in transports if not re.fullmatch(r"[a-z][a-z0-9_]*(:[A-Za-z0-9_;.-]+)?(@handler|@serialized)?", t)]
+    bad = [t for t in transports if not re.fullmatch(r"[a-z][a-z0-9_]*(:[A-Za-z0-9_;.-]+)?(@handler|@reply|@serialized)?", t)]
     if not transports or bad:
         ap.error("--transports: %r: each entry is NAME or NAME:PROVIDER (shm, ofi:shm, ofi:tcp ...), optionally "
-                 "with @handler (latency with ferry-bench pingpong --inbox handler) or @serialized "
+                 "with @handler (latency with ferry-bench pingpong --inbox handler), @reply (--inbox reply) or @serialized "
                  "(FERRY_LOCK_MODEL=serialized)" % args.transports)
     if len(set(transports)) != len(transports):
         ap.error("--transports lists an entry twice: %r" % args.transports)
@@ -883,9 +885,13 @@ def main():
             if not impl.skipped:
                 text += "; provider reported: %s; transport: %s (%s)" % (d.get("provider"), d.get("transport"),
                                                                          d.get("transport_source"))
-            if impl.inbox:
-                text += ("; latency only, with `pingpong --inbox %s`: each message is handed to a Handler run "
-                         "inside progress, not pushed to a CompletionQueue the thread pops" % impl.inbox)
+            if impl.inbox == "handler":
+                text += ("; latency only, with `pingpong --inbox handler`: each message is handed to a Handler run "
+                         "inside progress, not pushed to a CompletionQueue the thread pops")
+            elif impl.inbox == "reply":
+                text += ("; latency only, with `pingpong --inbox reply`: each message's Handler, run inside "
+                         "progress, posts the answer itself (rank 1 the reply, rank 0 the next ping), as "
+                         "active-message code answering from its handler does")
             text += "".join("; " + n for n in impl.notes)
         elif impl.key == "libfabric":
             text = "fi_pingpong -p %s -e rdm; ferry-fi-msgrate -p %s" % (args.provider, args.provider)

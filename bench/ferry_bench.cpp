@@ -138,6 +138,64 @@ struct Mailbox {
   }
 };
 
+// pingpong --inbox reply: the message's Handler, inside progress, answers it at once (rank 1)
+// or sends the next ping of the current run (rank 0), as active-message code answers from its
+// handler. Only progress runs the handler, and one thread progresses a lane's device in a
+// ping-pong, so the plain fields belong to that thread; `received`, `stop` and `total` are
+// atomics because the lane's thread reads and sets them between its progress calls
+// (release/acquire keeps that right whichever thread ran the handler).
+struct Responder {
+  ferry::Device* dev = nullptr;
+  int rank = 0;
+  int peer = 0;
+  int channel = 0;
+  std::size_t size = 0;
+  std::vector<unsigned char> payload;
+  unsigned char first = 0;  // the peer's first and last payload byte (check_ends, precomputed)
+  unsigned char last = 0;
+  Counter sent;
+  std::uint64_t posted = 0;
+  std::atomic<std::int64_t> received{0};
+  std::atomic<std::int64_t> stop{0};   // rank 0: the ping that ends the current run
+  std::atomic<std::int64_t> total{0};  // the last message number (payload fully checked)
+  bool owed = false;                   // a message the handler could not post (retry): the lane posts it
+  std::string error;                   // the first bad message, said by the lane
+  std::atomic<bool> bad{false};
+
+  // Posts the next message; false when the device says retry (the lane's progress clears it).
+  bool post() {
+    const ferry::AmArgs args{.rank = peer,
+                             .buffer = payload.data(),
+                             .size = size,
+                             .target = ferry::RemoteTarget{static_cast<std::uint16_t>(1 + channel)},
+                             .tag = static_cast<ferry::Tag>(channel),
+                             .local = &sent,
+                             .context = nullptr};
+    const ferry::Status st = dev->post_am(args);
+    if (st.is_retry()) return false;
+    if (st.is_posted()) ++posted;
+    return true;
+  }
+
+  void on_message(ferry::Completion&& c) {
+    const std::int64_t n = received.load(std::memory_order_relaxed) + 1;
+    const auto* p = static_cast<const unsigned char*>(c.buffer.data());
+    const bool full = n == 1 || n == total.load(std::memory_order_relaxed);
+    if (!c.ok() || c.op != ferry::OpKind::remote_am || c.rank != peer || c.tag != static_cast<ferry::Tag>(channel) ||
+        c.size != size || c.buffer.size() != size || (size != 0 && (p[0] != first || p[size - 1] != last)) ||
+        (full && bench::check_pattern(p, size, peer, channel) >= 0)) {
+      if (!bad.load(std::memory_order_relaxed)) {
+        error = "rank " + std::to_string(rank) + ": message " + std::to_string(n) + " from rank " +
+                std::to_string(c.rank) + " (tag " + std::to_string(c.tag) + ", " + std::to_string(c.size) +
+                " bytes) is not the expected one" + (c.ok() ? "" : ": " + c.error_string());
+        bad.store(true, std::memory_order_release);  // publishes error
+      }
+    }
+    if (rank == 1 || n < stop.load(std::memory_order_relaxed)) owed = !post();
+    received.store(n, std::memory_order_release);
+  }
+};
+
 // One benchmark thread's view of the network: its device, its inbox and how it waits.
 //
 // Messages travel on a channel c: they go to the peer's inbox exposed as target 1+c, carry tag
@@ -280,11 +338,12 @@ struct Job {
   bool yield;
   std::vector<std::unique_ptr<ferry::CompletionQueue>> inboxes;
   std::vector<std::unique_ptr<Mailbox>> mailboxes;  // --inbox handler only
+  std::vector<std::unique_ptr<Responder>> responders;  // --inbox reply only
   std::vector<std::unique_ptr<ferry::Handler>> handlers;
   std::vector<ferry::Exposure> exposures;
 
   Job(int threads_, int devices_, const std::string& lock_model, const std::string& yield_mode,
-      bool handler_inbox = false)
+      bool handler_inbox = false, std::size_t reply_size = 0, bool reply = false)
       : rt(runtime_options(devices_, lock_model)), threads(threads_) {
     devices = rt.device_count();
     if (rt.options().settings.lock_model == ferry::LockModel::serialized && threads > devices) {
@@ -297,7 +356,24 @@ struct Job {
     for (int t = 0; t < threads; ++t) {
       inboxes.push_back(std::make_unique<ferry::CompletionQueue>());
       const auto id = static_cast<std::uint16_t>(Lane::target_id(t));
-      if (handler_inbox) {
+      if (reply) {
+        auto r = std::make_unique<Responder>();
+        r->dev = &rt.device(t % devices);
+        r->rank = rt.rank();
+        r->peer = rt.rank() == 0 ? 1 : 0;
+        r->channel = t;
+        r->size = reply_size;
+        r->payload.resize(std::max<std::size_t>(reply_size, 1));
+        bench::fill_pattern(r->payload.data(), reply_size, rt.rank(), t);
+        if (reply_size != 0) {
+          r->first = bench::pattern_byte(r->peer, t, 0);
+          r->last = bench::pattern_byte(r->peer, t, reply_size - 1);
+        }
+        Responder* rp = r.get();
+        responders.push_back(std::move(r));
+        handlers.push_back(std::make_unique<ferry::Handler>([rp](ferry::Completion&& c) { rp->on_message(std::move(c)); }));
+        exposures.push_back(rt.expose(*handlers.back(), id));
+      } else if (handler_inbox) {
         mailboxes.push_back(std::make_unique<Mailbox>());
         Mailbox* m = mailboxes.back().get();
         handlers.push_back(std::make_unique<ferry::Handler>([m](ferry::Completion&& c) { m->put(std::move(c)); }));
@@ -383,7 +459,8 @@ bool require_two_ranks(const ferry::Runtime& rt, const char* sub) {
 
 int run_pingpong(const bench::PingpongArgs& a, int threads, int devices, const std::string& lock_model,
                  const std::string& yield_mode, const std::string& inbox) {
-  Job job(threads, devices, lock_model, yield_mode, inbox == "handler");
+  Job job(threads, devices, lock_model, yield_mode, inbox == "handler", static_cast<std::size_t>(a.size),
+          inbox == "reply");
   ferry::Runtime& rt = job.rt;
   if (!require_two_ranks(rt, "pingpong")) {
     rt.finalize();
@@ -396,7 +473,54 @@ int run_pingpong(const bench::PingpongArgs& a, int threads, int devices, const s
   std::vector<double> mean_us(static_cast<std::size_t>(threads), 0.0);
   std::barrier start_line(threads);
 
-  if (rank <= 1) {
+  if (rank <= 1 && inbox == "reply") {
+    run_threads(threads, [&](int t) {
+      auto lane = job.lane(t);
+      Responder& r = *job.responders[static_cast<std::size_t>(t)];
+      const std::int64_t total = a.warmup + a.iters;
+      r.total.store(total, std::memory_order_relaxed);
+      auto check = [&] {
+        if (r.bad.load(std::memory_order_acquire)) throw std::runtime_error(r.error);
+      };
+      // Progress until `count` messages have arrived, posting what a handler could not.
+      auto wait_for = [&](std::int64_t count) {
+        while (r.received.load(std::memory_order_acquire) < count) {
+          check();
+          lane->poll();
+          if (r.owed) r.owed = !r.post();
+        }
+        check();
+      };
+      if (rank == 0) {
+        start_line.arrive_and_wait();
+        // One run: `n` round trips, the first ping from here, the rest from the handler.
+        auto run = [&](std::int64_t n) {
+          const std::int64_t end = r.received.load(std::memory_order_relaxed) + n;
+          r.stop.store(end, std::memory_order_relaxed);
+          while (!r.post()) lane->poll();
+          wait_for(end);
+        };
+        if (a.warmup > 0) run(a.warmup);
+        double sum_s = 0.0;
+        for (std::int64_t k = 0; k < reps; ++k) {
+          const std::int64_t n = a.iters / reps + (k < a.iters % reps ? 1 : 0);
+          const auto t0 = Clock::now();
+          run(n);
+          const double s = bench::seconds_since(t0);
+          sum_s += s;
+          chunk_us[static_cast<std::size_t>(t)].push_back(s / static_cast<double>(n) / 2.0 * 1e6);
+        }
+        mean_us[static_cast<std::size_t>(t)] = sum_s / static_cast<double>(a.iters) / 2.0 * 1e6;
+      } else {
+        wait_for(total);
+      }
+      while (r.sent.count() < r.posted) lane->poll();
+      if (r.sent.first_error() != 0) {
+        throw std::runtime_error("a send to rank " + std::to_string(r.peer) + " failed with error " +
+                                 std::to_string(r.sent.first_error()));
+      }
+    });
+  } else if (rank <= 1) {
     run_threads(threads, [&](int t) {
       auto lane = job.lane(t);
       std::vector<unsigned char> buf(std::max<std::size_t>(size, 1));
@@ -1043,9 +1167,10 @@ int main(int argc, char** argv) {
   add_yield(pingpong);
   pingpong
       ->add_option("--inbox", inbox,
-                   "how a message reaches the waiting thread: queue (a CompletionQueue it pops) or handler (a "
-                   "Handler run inside progress parks it in a slot the thread reads)")
-      ->check(CLI::IsMember({"queue", "handler"}));
+                   "how a message reaches the waiting thread: queue (a CompletionQueue it pops), handler (a "
+                   "Handler run inside progress parks it in a slot the thread reads) or reply (the Handler answers "
+                   "it itself: rank 1 replies, rank 0 sends the next ping)")
+      ->check(CLI::IsMember({"queue", "handler", "reply"}));
 
   bench::MsgrateArgs mr;
   CLI::App* msgrate = app.add_subcommand(

@@ -125,6 +125,12 @@ class CompletionObject {
   virtual void signal_batch(Completion* completions, std::size_t count) noexcept {
     for (std::size_t i = 0; i < count; ++i) signal(std::move(completions[i]));
   }
+  // Whether this object gains from taking active messages in runs (signal_batch) rather than
+  // each as soon as it is in. A transport that delivers inside its own receive callback (UCX)
+  // then hands ferry one message at a time: an object that says false (the default, and a
+  // Handler) is signalled at once, so a handler's reply leaves before the transport's poll
+  // goes on; one that says true (a CompletionQueue) gets the poll's messages as one run.
+  virtual bool batches() const noexcept { return false; }
 };
 
 namespace detail {
@@ -166,6 +172,7 @@ class CompletionQueue final : public CompletionObject {
 
   void signal(Completion&& completion) noexcept override;
   void signal_batch(Completion* completions, std::size_t count) noexcept override;
+  bool batches() const noexcept override { return true; }
   // Any thread. Empty optional when nothing is ready.
   std::optional<Completion> pop() noexcept;
   std::size_t capacity() const noexcept;

@@ -54,7 +54,22 @@ DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, const Config& config,
       recv_descriptors_(std::make_unique<PacketPool>(config.recv_descriptors, 64)),
       fragments_(*this),
       rendezvous_(*this),
-      rma_(*this) {}
+      rma_(*this) {
+  for (Link& l : links_) (void)l.transport->deliver_inline(net::InlineSink{&DeviceImpl::on_inline, this, &l});
+}
+
+// A message a transport delivers from inside its poll (Transport::deliver_inline): the poll's
+// fast path. An active message for an object that does not batch (a Handler) is signalled
+// before the transport goes on, so a reply from the handler leaves inside the transport's
+// callback; one for a CompletionQueue stays staged and goes with the rest of the poll's run.
+void DeviceImpl::on_inline(void* device, void* link, const net::Event& e) {
+  auto* d = static_cast<DeviceImpl*>(device);
+  auto& l = *static_cast<Link*>(link);
+  auto* p = reinterpret_cast<Packet*>(e.context);
+  d->delivered_inline_ = true;
+  if (e.lent != nullptr) d->on_lent(l, p, e.length, e.lent); else d->on_recv(l, p, e.length, p->data() + kFragmentHeader);
+  if (d->staged_count_ != 0 && !d->staged_target_->batches()) d->flush_staged_slow();
+}
 
 DeviceImpl::~DeviceImpl() {
   // Cancel what the transports still hold, then give the packets back so the pool can go.
@@ -661,6 +676,7 @@ bool DeviceImpl::progress() {
   alignas(net::Event) std::byte event_bytes[sizeof(net::Event) * kPollBatch];
   net::Event* const events = std::launder(reinterpret_cast<net::Event*>(event_bytes));
   bool any = false;
+  delivered_inline_ = false;
   // Rendezvous reads start here, before the poll, and only here: a synchronous get's
   // completion is then in this call's poll, so the application can return its receive block
   // before the next read takes one (see Rendezvous::kReadBudget).
@@ -683,6 +699,7 @@ bool DeviceImpl::progress() {
     flush_staged();
     any = any || n > 0;
   }
+  any = any || delivered_inline_;
   // One increment and one test per call; the peer check (a clock read) every 1024 calls. After
   // the poll, so what a failed peer sent before it died is taken in before its operations fail.
   const std::uint32_t calls = ++progress_calls_;

@@ -144,6 +144,8 @@ class DeviceImpl : public DeviceContext {
   void on_recv(Link& link, Packet* p, std::size_t length, const unsigned char* payload);
   // A received message lent by its transport (Event::lent): copied in, then on_recv.
   void on_lent(Link& link, Packet* p, std::size_t length, const unsigned char* lent);
+  // Transport::deliver_inline's sink: `device` is this, `link` one of links_.
+  static void on_inline(void* device, void* link, const net::Event& e);
   // `recv`: what a receive wants, from post_recv directly or from its queued descriptor.
   void deliver_message(const RecvDescriptor& recv, Packet* message);
   // An eager message packet's payload (after its header, or its heap block) and its release.
@@ -172,6 +174,7 @@ class DeviceImpl : public DeviceContext {
   std::atomic<bool> finalized_{false};
   // Owned by the poll lock holder.
   std::uint32_t progress_calls_ = 0;
+  bool delivered_inline_ = false;      // this progress call's polls handed a message to on_inline
   std::uint32_t failures_seen_ = 0;    // the runtime's failure count last acted on
   std::vector<std::uint8_t> handled_;  // by rank: fail_peer ran
   // The active messages this progress call received for one target, in arrival order, not yet

@@ -23,6 +23,10 @@
 //             biased lock, net/biased_lock.hpp; under serialized nothing does).
 //             Progress threads are refused with it.
 //
+// A call made from inside the device by the thread that holds it (a Handler, run by progress,
+// posting its reply) goes straight to the device under trylock, block and csync, whose lock
+// that thread already holds; under lockq and offload it is queued as from any thread.
+//
 // Semantics of a deferred post (lockq on contention, offload always) are those of the direct
 // call: an eager send (post_am / post_send up to the eager limit, a put up to the inject size)
 // copies its payload into the descriptor and returns `done`, so the caller may reuse its

@@ -111,6 +111,13 @@ struct Event {
 // Plain data, so a poll array may be raw storage in which the events are created implicitly.
 static_assert(std::is_aggregate_v<Event> && std::is_trivially_copyable_v<Event> && std::is_trivially_destructible_v<Event>);
 
+// Where a transport that delivers inline (Transport::deliver_inline) hands an arrived message.
+struct InlineSink {
+  void (*deliver)(void* owner, void* link, const Event& e) = nullptr;
+  void* owner = nullptr;
+  void* link = nullptr;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -157,6 +164,13 @@ class Transport {
   // buffers, so a receiver that moves the bytes elsewhere anyway (reassembly) copies once.
   // Returns whether the transport does so from now on; the default does not.
   virtual bool lend_receives() { return false; }
+  // Asks the transport to hand each arrived message to `sink` from inside its poll, as soon as
+  // it has filled the oldest posted receive, instead of returning it as an event of the poll
+  // (the event is the same). The sink runs on the poll lock holder, may post to this transport
+  // (a reply from an active-message handler), but must not poll it. Messages still reach the
+  // sink in the order the poll would have returned them. Returns whether the transport does
+  // so from now on; the default does not.
+  virtual bool deliver_inline(const InlineSink& /*sink*/) { return false; }
   // Registers [buf, buf+len). Throws ferry::Error naming the range on failure. The result
   // stays valid until deregister.
   virtual Registration* register_memory(const void* buf, std::size_t len, Access access) = 0;

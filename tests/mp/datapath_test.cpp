@@ -10,7 +10,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -547,6 +549,96 @@ TEST(Handler, RunsForEachIncomingMessage) {
   }
   EXPECT_TRUE(wait_until(dev, [&] { return seen.load() == 100; }));
   EXPECT_EQ(wrong.load(), 0);
+  rt().barrier();
+}
+
+// Counts local completions and remembers whether any failed (any thread signals).
+class SendCounter final : public ferry::CompletionObject {
+ public:
+  void signal(ferry::Completion&& c) noexcept override {
+    if (!c.ok()) failed_.store(true);
+    count_.fetch_add(1);
+  }
+  long count() const noexcept { return count_.load(); }
+  bool failed() const noexcept { return failed_.load(); }
+
+ private:
+  std::atomic<long> count_{0};
+  std::atomic<bool> failed_{false};
+};
+
+// A handler that answers from inside itself, as active-message code does. Over UCX the
+// handler runs inside UCX's receive callback (the transport delivers inline) and its answer is
+// posted from there, under every lock model: every size class (inline, eager, fragments,
+// rendezvous) comes back whole, and the small ones in the order asked.
+TEST(Handler, AnswersPostedFromInsideTheHandlerArrive) {
+  ferry::Device& dev = rt().device();
+  const std::vector<std::size_t> sz = {0, 8, 4080, 8192, 16385, 65536};
+  constexpr int kEach = 25;
+  const int total = kEach * static_cast<int>(sz.size());
+  std::vector<std::vector<unsigned char>> mine;  // this rank's message of each size
+  for (std::size_t size : sz) {
+    mine.emplace_back(std::max<std::size_t>(size, 1));
+    fill(mine.back().data(), size, rt().rank());
+  }
+  SendCounter sent;
+  std::atomic<long> posted{0};
+  std::atomic<int> asked{0}, answered{0}, bad{0};
+  std::mutex owed_lock;
+  std::deque<std::pair<int, ferry::Tag>> owed;  // answers the handler could not post (retry)
+  std::vector<int> next_small(2, 0);            // the handler's own (one poll at a time)
+  std::vector<char> seen(static_cast<std::size_t>(total), 0);
+  // A message of size sz[tag / kEach] to `to`, tagged `tag`, to `target`.
+  auto post = [&](int to, ferry::Tag tag, std::uint16_t target) {
+    const std::size_t k = tag / kEach;
+    const ferry::Status s = dev.post_am(
+        {.rank = to, .buffer = mine[k].data(), .size = sz[k], .target = {target}, .tag = tag, .local = &sent});
+    if (s.is_posted()) posted.fetch_add(1);
+    if (!s.is_retry() && !s.is_posted() && !s.is_done()) bad.fetch_add(1);
+    return s;
+  };
+  auto well_formed = [&](const ferry::Completion& c, int from) {
+    const std::size_t k = c.tag / kEach;
+    return c.ok() && c.rank == from && c.tag < static_cast<ferry::Tag>(total) && c.size == sz[k] &&
+           c.buffer.size() == sz[k] && first_mismatch(c.buffer.data(), c.size, from, c.size) < 0;
+  };
+  ferry::Handler asks([&](ferry::Completion&& c) {
+    if (!well_formed(c, left())) {
+      bad.fetch_add(1);
+    } else if (post(c.rank, c.tag, 26).is_retry()) {
+      std::lock_guard<std::mutex> g(owed_lock);
+      owed.emplace_back(c.rank, c.tag);
+    }
+    asked.fetch_add(1);
+  });
+  ferry::Handler answers([&](ferry::Completion&& c) {
+    if (!well_formed(c, right())) {
+      bad.fetch_add(1);
+    } else {
+      const std::size_t k = c.tag / kEach;
+      if (k < 2 && static_cast<int>(c.tag % kEach) != next_small[k]++) bad.fetch_add(1);
+      if (seen[c.tag]++ != 0) bad.fetch_add(1);
+    }
+    answered.fetch_add(1);
+  });
+  ferry::Exposure ex1 = rt().expose(asks, 25);
+  ferry::Exposure ex2 = rt().expose(answers, 26);
+  rt().barrier();
+  for (int t = 0; t < total; ++t) (void)post_retry(dev, [&] { return post(right(), static_cast<ferry::Tag>(t), 25); });
+  EXPECT_TRUE(wait_until(dev, [&] {
+    std::unique_lock<std::mutex> g(owed_lock);
+    while (!owed.empty()) {
+      const auto [to, tag] = owed.front();
+      g.unlock();
+      const bool retry = post(to, tag, 26).is_retry();
+      g.lock();
+      if (retry) return false;
+      owed.pop_front();
+    }
+    return asked.load() == total && answered.load() == total && sent.count() == posted.load();
+  })) << "asked " << asked.load() << ", answered " << answered.load() << " of " << total;
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_FALSE(sent.failed());
   rt().barrier();
 }
 

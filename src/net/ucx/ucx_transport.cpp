@@ -30,6 +30,12 @@
 //  - Events: UCX callbacks run inside ucp_worker_progress (the poll lock holder's poll); a post
 //    that UCX completes at once reports from the posting thread. Both push onto one
 //    multi-producer ring the poll drains (overflow, never expected: a spin-locked vector).
+//    An arrived message is not an event of the ring: the data callback hands its filled
+//    receive to the core at once (deliver_inline), so an active-message handler runs, and its
+//    reply leaves, inside UCX's callback, before UCX finishes its progress call (a filled
+//    receive behind one not yet handed over waits for the poll instead, keeping the order).
+//    A post from inside the callback is on the thread that holds the worker lock already
+//    (progressing_): it does not take it again.
 //  - Thread mode: UCS_THREAD_MODE_SERIALIZED. Under the lockless model, whose posts run
 //    beside the poll, ferry's own biased lock guards every call into the worker (the thread
 //    that drives the device alone takes it without an atomic; net/biased_lock.hpp); under the
@@ -426,6 +432,11 @@ class UcxTransport final : public Transport {
 
   // ---- progress ----
 
+  bool deliver_inline(const InlineSink& sink) override {
+    sink_ = sink;
+    return true;
+  }
+
   int poll(Event* events, int max) override {
     if (__builtin_expect(rma_.busy(), 0)) {
       const int n = rma_.abandon(events, max);
@@ -433,7 +444,10 @@ class UcxTransport final : public Transport {
     }
     {
       const BiasedGuard guard(lock_);
+      UcxTransport* const outer = progressing_;
+      progressing_ = this;  // a sink's post from inside the callbacks holds the lock already
       ucp_worker_progress(worker_);
+      progressing_ = outer;
       if (__builtin_expect(!replies_.empty(), 0)) send_replies();
       if (__builtin_expect(answers_waiting_.load(std::memory_order_acquire), 0)) send_answers();
     }
@@ -550,7 +564,7 @@ class UcxTransport final : public Transport {
     // below is ours; later ones see no endpoint (PostHold).
     ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)].exchange(nullptr, std::memory_order_acq_rel);
     if (ep == nullptr) return;
-    const BiasedGuard guard(lock_);
+    const BiasedGuard guard(post_lock());
     // Force-closing makes UCX complete what is queued to the peer now (UCS_ERR_CANCELED) and
     // drops the endpoint before UCX finds it broken. (Keeping failed peers' endpoints open until
     // teardown instead let UCX abort the process, "Endpoint timeout", in the AMT failure test
@@ -620,7 +634,7 @@ class UcxTransport final : public Transport {
   // paths, which do not use the endpoint, only check it.
   class PostHold {
    public:
-    PostHold(const UcxTransport& t, int rank) noexcept : guard_(t.lock_), ep_(t.ep_of(rank)) {}
+    PostHold(const UcxTransport& t, int rank) noexcept : guard_(t.post_lock()), ep_(t.ep_of(rank)) {}
     ucp_ep_h get() const noexcept { return ep_; }
 
    private:
@@ -728,6 +742,16 @@ class UcxTransport final : public Transport {
       detail::OpContext* c = t->fill_;
       t->fill_ = state(c).next;  // before fill(): once done, the poll may hand c back to the core
       t->fill(c, data, length);
+      // Inside poll, with every earlier receive already handed over (the order stays the
+      // poll's): to the core at once (deliver_inline), not at the end of the poll.
+      if (t->sink_.deliver != nullptr && progressing_ == t && t->recv_head_ == c) {
+        const OpState& st = state(c);
+        t->recv_head_ = st.next;
+        if (t->recv_head_ == nullptr) t->recv_tail_ = nullptr;
+        Event e = completed(c, st.rank, st.error);
+        e.length = st.length;
+        t->sink_.deliver(t->sink_.owner, t->sink_.link, e);
+      }
       return UCS_OK;
     }
     if (!t->receiving_) return UCS_OK;  // torn down: dropped
@@ -1593,9 +1617,15 @@ class UcxTransport final : public Transport {
   // word of initial-exec TLS: linked with a program it is in static TLS, and dlopened the
   // library's few such words fit in the spare static TLS glibc keeps for such libraries.
   static thread_local UcxTransport* tearing_down_ __attribute__((tls_model("initial-exec")));
+  // The transport whose ucp_worker_progress runs on this thread (under the worker lock), so a
+  // post from a callback inside it (an inline sink's reply) does not take the lock again.
+  static thread_local UcxTransport* progressing_ __attribute__((tls_model("initial-exec")));
+  BiasedLock* post_lock() const noexcept { return progressing_ == this ? nullptr : lock_; }
+  InlineSink sink_;
 };
 
 thread_local UcxTransport* UcxTransport::tearing_down_ __attribute__((tls_model("initial-exec"))) = nullptr;
+thread_local UcxTransport* UcxTransport::progressing_ __attribute__((tls_model("initial-exec"))) = nullptr;
 
 }  // namespace
 
