@@ -293,13 +293,13 @@ class Ferry(Impl):
     def __init__(self, r, args, entry):
         super().__init__(r, args)
         self.entry = entry
-        entry, _, suffix = entry.partition("@")
+        entry, *suffixes = entry.split("@")
         # "handler": the latency runs use ferry-bench pingpong --inbox handler; "reply": --inbox
         # reply (the Handler answers the message itself).
-        self.inbox = suffix if suffix in ("handler", "reply") else None
+        self.inbox = next((x for x in suffixes if x in ("handler", "reply")), None)
         # "serialized": FERRY_LOCK_MODEL=serialized (no lock; UCX's worker unlocked too), each
         # thread of a multi-thread rate with a device of its own.
-        self.serialized = suffix == "serialized"
+        self.serialized = "serialized" in suffixes
         transport, _, provider = entry.partition(":")
         self.transport = transport
         self.provider_req = provider or None
@@ -593,7 +593,8 @@ def main():
                     help="ferry transports, comma-separated: NAME sets FERRY_TRANSPORT=NAME, NAME:PROV also "
                          "FERRY_PROVIDER=PROV; a suffix @handler measures latency only, with the message handed "
                          "to a Handler instead of popped from a CompletionQueue; @reply measures latency only, "
-                         "with the Handler posting the answer itself (pingpong --inbox reply); @serialized runs it under "
+                         "with the Handler posting the answer itself (pingpong --inbox reply); @serialized (combinable "
+                         "with either, e.g. ucx@serialized@reply) runs it under "
                          "FERRY_LOCK_MODEL=serialized (no lock; a device per thread in the T-thread rate) "
                          "(default shm,shm@handler,ofi:shm,ucx; e.g. shm,ofi:shm,ofi:tcp,ucx@serialized)")
     ap.add_argument("--provider", default="shm", help="libfabric provider of the raw libfabric baseline (default shm)")
@@ -630,10 +631,15 @@ def main():
     if not bw_sizes or any(s < 1 for s in bw_sizes):
         ap.error("--bw-sizes needs sizes of at least 1 byte, got %r" % args.bw_sizes)
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
-    bad = [t for t in transports if not re.fullmatch(r"[a-z][a-z0-9_]*(:[A-Za-z0-9_;.-]+)?(@handler|@reply|@serialized)?", t)]
+    def well_formed(t):
+        suffixes = t.split("@")[1:]
+        return (re.fullmatch(r"[a-z][a-z0-9_]*(:[A-Za-z0-9_;.-]+)?(@(handler|reply|serialized))*", t) is not None and
+                len(set(suffixes)) == len(suffixes) and not {"handler", "reply"} <= set(suffixes))
+    bad = [t for t in transports if not well_formed(t)]
     if not transports or bad:
         ap.error("--transports: %r: each entry is NAME or NAME:PROVIDER (shm, ofi:shm, ofi:tcp ...), optionally "
-                 "with @handler (latency with ferry-bench pingpong --inbox handler), @reply (--inbox reply) or @serialized "
+                 "with @handler (latency with ferry-bench pingpong --inbox handler) or @reply (--inbox reply), "
+                 "and/or @serialized "
                  "(FERRY_LOCK_MODEL=serialized)" % args.transports)
     if len(set(transports)) != len(transports):
         ap.error("--transports lists an entry twice: %r" % args.transports)

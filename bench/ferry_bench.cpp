@@ -140,10 +140,11 @@ struct Mailbox {
 
 // pingpong --inbox reply: the message's Handler, inside progress, answers it at once (rank 1)
 // or sends the next ping of the current run (rank 0), as active-message code answers from its
-// handler. Only progress runs the handler, and one thread progresses a lane's device in a
-// ping-pong, so the plain fields belong to that thread; `received`, `stop` and `total` are
-// atomics because the lane's thread reads and sets them between its progress calls
-// (release/acquire keeps that right whichever thread ran the handler).
+// handler. The handler runs on whichever thread progresses the lane's device (another lane's
+// thread when lanes share a device, ferry's own under offload), so what it shares with the
+// lane's thread is atomic: `received` (release by the handler, acquire by the lane) publishes
+// the handler's work; `owed` hands a message the handler could not post (retry) to the lane;
+// `failure` publishes `error` (0 none, 1 being written, 2 written: release/acquire).
 struct Responder {
   ferry::Device* dev = nullptr;
   int rank = 0;
@@ -154,13 +155,13 @@ struct Responder {
   unsigned char first = 0;  // the peer's first and last payload byte (check_ends, precomputed)
   unsigned char last = 0;
   Counter sent;
-  std::uint64_t posted = 0;
+  std::atomic<std::uint64_t> posted{0};
   std::atomic<std::int64_t> received{0};
   std::atomic<std::int64_t> stop{0};   // rank 0: the ping that ends the current run
   std::atomic<std::int64_t> total{0};  // the last message number (payload fully checked)
-  bool owed = false;                   // a message the handler could not post (retry): the lane posts it
+  std::atomic<bool> owed{false};       // a message the handler could not post (retry): the lane posts it
   std::string error;                   // the first bad message, said by the lane
-  std::atomic<bool> bad{false};
+  std::atomic<int> failure{0};
 
   // Posts the next message; false when the device says retry (the lane's progress clears it).
   bool post() {
@@ -173,7 +174,7 @@ struct Responder {
                              .context = nullptr};
     const ferry::Status st = dev->post_am(args);
     if (st.is_retry()) return false;
-    if (st.is_posted()) ++posted;
+    if (st.is_posted()) posted.fetch_add(1, std::memory_order_relaxed);  // read after the sends completed
     return true;
   }
 
@@ -184,14 +185,15 @@ struct Responder {
     if (!c.ok() || c.op != ferry::OpKind::remote_am || c.rank != peer || c.tag != static_cast<ferry::Tag>(channel) ||
         c.size != size || c.buffer.size() != size || (size != 0 && (p[0] != first || p[size - 1] != last)) ||
         (full && bench::check_pattern(p, size, peer, channel) >= 0)) {
-      if (!bad.load(std::memory_order_relaxed)) {
+      int none = 0;
+      if (failure.compare_exchange_strong(none, 1, std::memory_order_relaxed)) {
         error = "rank " + std::to_string(rank) + ": message " + std::to_string(n) + " from rank " +
                 std::to_string(c.rank) + " (tag " + std::to_string(c.tag) + ", " + std::to_string(c.size) +
                 " bytes) is not the expected one" + (c.ok() ? "" : ": " + c.error_string());
-        bad.store(true, std::memory_order_release);  // publishes error
+        failure.store(2, std::memory_order_release);  // publishes error
       }
     }
-    if (rank == 1 || n < stop.load(std::memory_order_relaxed)) owed = !post();
+    if ((rank == 1 || n < stop.load(std::memory_order_relaxed)) && !post()) owed.store(true, std::memory_order_release);
     received.store(n, std::memory_order_release);
   }
 };
@@ -480,14 +482,16 @@ int run_pingpong(const bench::PingpongArgs& a, int threads, int devices, const s
       const std::int64_t total = a.warmup + a.iters;
       r.total.store(total, std::memory_order_relaxed);
       auto check = [&] {
-        if (r.bad.load(std::memory_order_acquire)) throw std::runtime_error(r.error);
+        if (r.failure.load(std::memory_order_acquire) == 2) throw std::runtime_error(r.error);
       };
-      // Progress until `count` messages have arrived, posting what a handler could not.
+      // Progress until `count` messages have arrived and nothing is owed, posting what a
+      // handler could not (one at a time: a ping-pong has one message in flight).
       auto wait_for = [&](std::int64_t count) {
-        while (r.received.load(std::memory_order_acquire) < count) {
+        while (r.received.load(std::memory_order_acquire) < count || r.owed.load(std::memory_order_acquire)) {
           check();
           lane->poll();
-          if (r.owed) r.owed = !r.post();
+          // Cleared before the post: once it is out, the answer's handler may owe the next one.
+          if (r.owed.exchange(false, std::memory_order_acq_rel) && !r.post()) r.owed.store(true, std::memory_order_release);
         }
         check();
       };
@@ -514,7 +518,7 @@ int run_pingpong(const bench::PingpongArgs& a, int threads, int devices, const s
       } else {
         wait_for(total);
       }
-      while (r.sent.count() < r.posted) lane->poll();
+      while (r.sent.count() < r.posted.load(std::memory_order_relaxed)) lane->poll();
       if (r.sent.first_error() != 0) {
         throw std::runtime_error("a send to rank " + std::to_string(r.peer) + " failed with error " +
                                  std::to_string(r.sent.first_error()));

@@ -138,6 +138,9 @@ struct DeviceStats {
   // Packets, fragments, rendezvous requests and FINs whose bytes did not check out (each also
   // logged at `warn` with the sender's rank): dropped, never used.
   std::uint64_t malformed = 0;
+  // Messages a transport handed to the device from inside its own receive callback rather
+  // than through its poll (UCX, under every lock model but lockless).
+  std::uint64_t delivered_inline = 0;
 };
 
 class Device {

@@ -62,13 +62,25 @@ DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, const Config& config,
 // fast path. An active message for an object that does not batch (a Handler) is signalled
 // before the transport goes on, so a reply from the handler leaves inside the transport's
 // callback; one for a CompletionQueue stays staged and goes with the rest of the poll's run.
-void DeviceImpl::on_inline(void* device, void* link, const net::Event& e) {
+// An exception must not unwind through the transport's (C) frames: it is kept, and progress
+// rethrows it once the poll has returned.
+void DeviceImpl::on_inline(void* device, void* link, const net::Event& e) noexcept {
   auto* d = static_cast<DeviceImpl*>(device);
   auto& l = *static_cast<Link*>(link);
-  auto* p = reinterpret_cast<Packet*>(e.context);
   d->delivered_inline_ = true;
-  if (e.lent != nullptr) d->on_lent(l, p, e.length, e.lent); else d->on_recv(l, p, e.length, p->data() + kFragmentHeader);
-  if (d->staged_count_ != 0 && !d->staged_target_->batches()) d->flush_staged_slow();
+  d->inline_count_.store(d->inline_count_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  try {
+    if (__builtin_expect(e.error != 0, 0)) {  // truncated: dropped and logged, as from the poll
+      d->flush_staged();
+      d->on_event(l, e);
+      return;
+    }
+    auto* p = reinterpret_cast<Packet*>(e.context);
+    if (e.lent != nullptr) d->on_lent(l, p, e.length, e.lent); else d->on_recv(l, p, e.length, p->data() + kFragmentHeader);
+    if (d->staged_count_ != 0 && !d->staged_target_->batches()) d->flush_staged_slow();
+  } catch (...) {
+    if (d->inline_error_ == nullptr) d->inline_error_ = std::current_exception();
+  }
 }
 
 DeviceImpl::~DeviceImpl() {
@@ -685,6 +697,7 @@ bool DeviceImpl::progress() {
   rendezvous_.end_reads();
   for (Link& l : links_) {
     const int n = l.transport->poll(events, kPollBatch);
+    if (__builtin_expect(inline_error_ != nullptr, 0)) std::rethrow_exception(std::exchange(inline_error_, nullptr));
     for (int i = 0; i < n; ++i) {
       const net::Event& e = events[i];
       // The common event, an arrived message, skips the general dispatch.

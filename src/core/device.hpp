@@ -26,10 +26,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/spinlock.hpp"
@@ -104,6 +106,7 @@ class DeviceImpl : public DeviceContext {
   // Teardown: this device's own operations not yet complete (open rendezvous and RMA records,
   // sends awaiting their completion, deferred steps, backlog tails); exact when quiescent.
   std::size_t in_flight() const noexcept;
+  std::uint64_t delivered_inline() const noexcept { return inline_count_.load(std::memory_order_relaxed); }
   void mark_finalized() noexcept { finalized_.store(true, std::memory_order_relaxed); }
 
   // Peer failure, acted on by progress (under the poll lock) once the runtime's failure count
@@ -145,7 +148,7 @@ class DeviceImpl : public DeviceContext {
   // A received message lent by its transport (Event::lent): copied in, then on_recv.
   void on_lent(Link& link, Packet* p, std::size_t length, const unsigned char* lent);
   // Transport::deliver_inline's sink: `device` is this, `link` one of links_.
-  static void on_inline(void* device, void* link, const net::Event& e);
+  static void on_inline(void* device, void* link, const net::Event& e) noexcept;
   // `recv`: what a receive wants, from post_recv directly or from its queued descriptor.
   void deliver_message(const RecvDescriptor& recv, Packet* message);
   // An eager message packet's payload (after its header, or its heap block) and its release.
@@ -175,6 +178,10 @@ class DeviceImpl : public DeviceContext {
   // Owned by the poll lock holder.
   std::uint32_t progress_calls_ = 0;
   bool delivered_inline_ = false;      // this progress call's polls handed a message to on_inline
+  // Messages on_inline took, for DeviceStats: only the poll lock holder writes (a load and a
+  // store, no read-modify-write); relaxed, it orders nothing.
+  std::atomic<std::uint64_t> inline_count_{0};
+  std::exception_ptr inline_error_;    // thrown inside on_inline, rethrown by progress
   std::uint32_t failures_seen_ = 0;    // the runtime's failure count last acted on
   std::vector<std::uint8_t> handled_;  // by rank: fail_peer ran
   // The active messages this progress call received for one target, in arrival order, not yet

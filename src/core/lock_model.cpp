@@ -128,31 +128,23 @@ thread_local std::vector<Spare> tls_spares;
 std::mutex all_nodes_mutex;
 std::vector<std::pair<std::uint64_t, CsyncNode*>> all_nodes;  // for deletion with their device
 
-// The lock model (trylock, block or csync) whose device this thread is inside of: it holds
-// the model's lock or combines for it. A call into the same device from there (a Handler run
-// by progress that posts its reply) already has the device to itself: it goes straight to the
-// device instead of waiting for a lock its own thread holds (block, csync: a hang) or being
-// told retry (trylock). lockq and offload never mark it: a call from inside is queued behind
-// the descriptors already waiting, which keeps their order, and never waits. Initial-exec, as
-// the library's other TLS words: a plain load.
-thread_local const LockModelImpl* tls_inside __attribute__((tls_model("initial-exec"))) = nullptr;
+}  // namespace
 
-// Marks this thread inside `model` for a scope (restoring what it was: devices nest when a
-// handler of one posts to another).
-class Inside {
+// ---- LockModelImpl ---------------------------------------------------------------------------
+
+// Marks the calling thread inside the device for a scope (see inside_). lockq and offload never
+// mark it: a call from inside is queued behind the descriptors already waiting, which keeps
+// their order, and never waits.
+class LockModelImpl::Inside {
  public:
-  explicit Inside(const LockModelImpl* model) noexcept : outer_(tls_inside) { tls_inside = model; }
-  ~Inside() { tls_inside = outer_; }
+  explicit Inside(LockModelImpl& m) noexcept : m_(m) { m_.inside_.store(std::this_thread::get_id(), std::memory_order_relaxed); }
+  ~Inside() { m_.inside_.store(std::thread::id{}, std::memory_order_relaxed); }
   Inside(const Inside&) = delete;
   Inside& operator=(const Inside&) = delete;
 
  private:
-  const LockModelImpl* outer_;
+  LockModelImpl& m_;
 };
-
-}  // namespace
-
-// ---- LockModelImpl ---------------------------------------------------------------------------
 
 LockModelImpl::LockModelImpl(DeviceImpl& device, LockModel model)
     : dev_(device), model_(model), generation_(next_generation.fetch_add(1, std::memory_order_relaxed)) {
@@ -268,17 +260,17 @@ Status LockModelImpl::defer(const A& args) {
 
 template <class A>
 Status LockModelImpl::post(const A& args) {
-  if (tls_inside == this) return perform(dev_, args);
+  if (inside()) return perform(dev_, args);
   switch (model_) {
     case LockModel::trylock: {
       if (!try_lock_.try_lock()) return Status::make_retry(RetryReason::lock);
       std::lock_guard<SpinLock> g(try_lock_, std::adopt_lock);
-      const Inside inside(this);
+      const Inside mark(*this);
       return perform(dev_, args);
     }
     case LockModel::block: {
       std::lock_guard<std::mutex> g(block_);
-      const Inside inside(this);
+      const Inside mark(*this);
       return perform(dev_, args);
     }
     case LockModel::lockq: {
@@ -311,17 +303,17 @@ template Status LockModelImpl::post(const PutArgs&);
 template Status LockModelImpl::post(const GetArgs&);
 
 bool LockModelImpl::progress() {
-  if (tls_inside == this) return dev_.progress();
+  if (inside()) return dev_.progress();
   switch (model_) {
     case LockModel::trylock: {
       if (!try_lock_.try_lock()) return false;
       std::lock_guard<SpinLock> g(try_lock_, std::adopt_lock);
-      const Inside inside(this);
+      const Inside mark(*this);
       return dev_.progress();
     }
     case LockModel::block: {
       std::lock_guard<std::mutex> g(block_);
-      const Inside inside(this);
+      const Inside mark(*this);
       return dev_.progress();
     }
     case LockModel::lockq: {
@@ -350,18 +342,19 @@ bool LockModelImpl::progress() {
 }
 
 bool LockModelImpl::exclusive(bool (*fn)(DeviceImpl&, void*), void* ctx) {
-  if (tls_inside == this) return fn(dev_, ctx);
+  if (inside()) return fn(dev_, ctx);
   switch (model_) {
     case LockModel::trylock:
     case LockModel::lockq: {
       while (!try_lock_.try_lock()) std::this_thread::yield();  // the holder may be preempted
       std::lock_guard<SpinLock> g(try_lock_, std::adopt_lock);
-      const Inside inside(model_ == LockModel::trylock ? this : tls_inside);
+      if (model_ == LockModel::lockq) return fn(dev_, ctx);
+      const Inside mark(*this);
       return fn(dev_, ctx);
     }
     case LockModel::block: {
       std::lock_guard<std::mutex> g(block_);
-      const Inside inside(this);
+      const Inside mark(*this);
       return fn(dev_, ctx);
     }
     case LockModel::csync: {
@@ -425,7 +418,7 @@ LockModelImpl::Outcome LockModelImpl::csync(void (*call)(DeviceImpl&, CsyncNode&
   }
   if (!cur->completed.load(std::memory_order_acquire)) {
     // This thread is the combiner: serve announced requests in order, its own first.
-    const Inside inside(this);
+    const Inside mark(*this);
     CsyncNode* tmp = cur;
     std::uint64_t served = 0;
     for (int n = 0; n < kMaxCombine; ++n, ++served) {

@@ -125,6 +125,9 @@ class LockModelImpl {
   Status defer(const A& args);
   Outcome csync(void (*call)(DeviceImpl&, CsyncNode&), const void* args);
   void offload_loop();
+  // Whether the calling thread is inside this device (trylock, block, csync): see inside_.
+  bool inside() const noexcept { return inside_.load(std::memory_order_relaxed) == std::this_thread::get_id(); }
+  class Inside;  // marks inside_ for a scope (lock_model.cpp)
 
   DeviceImpl& dev_;
   const LockModel model_;
@@ -137,6 +140,14 @@ class LockModelImpl {
   std::atomic<std::uint64_t> deferred_{0}, combined_{0}, max_batch_{0};
   std::atomic<std::uint64_t> performed_{0};
   void note_batch(std::uint64_t n) noexcept;
+
+  // The thread that holds the trylock or block lock, or combines for csync, while it does (else
+  // no thread's id). A call of that thread into this device (a Handler, run by its progress,
+  // posting an answer; also when handlers of several devices call into each other) goes
+  // straight to the device instead of waiting for the lock it holds. Relaxed: only a thread
+  // itself stores its own id here, so it reads its id back only after it stored it (program
+  // order), and never reads another thread's store as its own id.
+  std::atomic<std::thread::id> inside_{};
 
   // csync: the announce list.
   std::atomic<CsyncNode*> tail_{nullptr};

@@ -717,6 +717,7 @@ int Device::index() const noexcept { return impl_->index(); }
 DeviceStats Device::stats() const noexcept {
   DeviceStats s = lock_model_ != nullptr ? lock_model_->stats() : DeviceStats{};
   s.malformed = impl_->malformed();
+  s.delivered_inline = impl_->delivered_inline();
   return s;
 }
 std::size_t Device::eager_limit() const noexcept { return impl_->eager_limit(); }

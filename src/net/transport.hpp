@@ -164,12 +164,14 @@ class Transport {
   // buffers, so a receiver that moves the bytes elsewhere anyway (reassembly) copies once.
   // Returns whether the transport does so from now on; the default does not.
   virtual bool lend_receives() { return false; }
-  // Asks the transport to hand each arrived message to `sink` from inside its poll, as soon as
-  // it has filled the oldest posted receive, instead of returning it as an event of the poll
-  // (the event is the same). The sink runs on the poll lock holder, may post to this transport
-  // (a reply from an active-message handler), but must not poll it. Messages still reach the
-  // sink in the order the poll would have returned them. Returns whether the transport does
-  // so from now on; the default does not.
+  // Asks the transport to hand arrived messages to `sink` from inside its poll, as soon as it
+  // has filled the oldest posted receive, instead of returning them as events of the poll (the
+  // event is the same). Which ones is the transport's choice (UCX: those its data callback
+  // fills while every earlier receive has been handed over; messages to this rank and held
+  // ones still come as poll events), and the order among all of them stays the poll's. The
+  // sink runs on the poll lock holder with no lock of the transport's held, may post to this
+  // transport (a reply from an active-message handler), but must not poll it. Returns whether
+  // the transport does so from now on; the default does not.
   virtual bool deliver_inline(const InlineSink& /*sink*/) { return false; }
   // Registers [buf, buf+len). Throws ferry::Error naming the range on failure. The result
   // stays valid until deregister.

@@ -30,12 +30,13 @@
 //  - Events: UCX callbacks run inside ucp_worker_progress (the poll lock holder's poll); a post
 //    that UCX completes at once reports from the posting thread. Both push onto one
 //    multi-producer ring the poll drains (overflow, never expected: a spin-locked vector).
-//    An arrived message is not an event of the ring: the data callback hands its filled
-//    receive to the core at once (deliver_inline), so an active-message handler runs, and its
-//    reply leaves, inside UCX's callback, before UCX finishes its progress call (a filled
-//    receive behind one not yet handed over waits for the poll instead, keeping the order).
-//    A post from inside the callback is on the thread that holds the worker lock already
-//    (progressing_): it does not take it again.
+//    Where the worker has no lock of ferry's (every lock model but lockless), the data
+//    callback hands a filled receive to the core at once (deliver_inline), so an
+//    active-message handler runs, and its reply leaves, inside UCX's callback, before UCX
+//    finishes its progress call (a filled receive behind one not yet handed over waits for the
+//    poll instead, keeping the order). Under lockless it does not: the handler would run with
+//    the worker lock held, and one that waits for a lock of the application's (or posts to
+//    another device) while another thread holding that lock posts here would deadlock.
 //  - Thread mode: UCS_THREAD_MODE_SERIALIZED. Under the lockless model, whose posts run
 //    beside the poll, ferry's own biased lock guards every call into the worker (the thread
 //    that drives the device alone takes it without an atomic; net/biased_lock.hpp); under the
@@ -433,6 +434,7 @@ class UcxTransport final : public Transport {
   // ---- progress ----
 
   bool deliver_inline(const InlineSink& sink) override {
+    if (lock_ != nullptr) return false;  // lockless: see the header comment
     sink_ = sink;
     return true;
   }
@@ -445,7 +447,7 @@ class UcxTransport final : public Transport {
     {
       const BiasedGuard guard(lock_);
       UcxTransport* const outer = progressing_;
-      progressing_ = this;  // a sink's post from inside the callbacks holds the lock already
+      progressing_ = this;  // the data callback hands messages over only inside this call
       ucp_worker_progress(worker_);
       progressing_ = outer;
       if (__builtin_expect(!replies_.empty(), 0)) send_replies();
@@ -564,7 +566,7 @@ class UcxTransport final : public Transport {
     // below is ours; later ones see no endpoint (PostHold).
     ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)].exchange(nullptr, std::memory_order_acq_rel);
     if (ep == nullptr) return;
-    const BiasedGuard guard(post_lock());
+    const BiasedGuard guard(lock_);
     // Force-closing makes UCX complete what is queued to the peer now (UCS_ERR_CANCELED) and
     // drops the endpoint before UCX finds it broken. (Keeping failed peers' endpoints open until
     // teardown instead let UCX abort the process, "Endpoint timeout", in the AMT failure test
@@ -634,7 +636,7 @@ class UcxTransport final : public Transport {
   // paths, which do not use the endpoint, only check it.
   class PostHold {
    public:
-    PostHold(const UcxTransport& t, int rank) noexcept : guard_(t.post_lock()), ep_(t.ep_of(rank)) {}
+    PostHold(const UcxTransport& t, int rank) noexcept : guard_(t.lock_), ep_(t.ep_of(rank)) {}
     ucp_ep_h get() const noexcept { return ep_; }
 
    private:
@@ -1558,7 +1560,8 @@ class UcxTransport final : public Transport {
   // Posted receives in posting order, and held_, the messages waiting for one: the poll lock
   // holder's alone, with no lock. It posts them (post_recv: the core reposts from its progress),
   // takes done ones from the head (poll), and the data callback, which UCX runs inside that
-  // poll's ucp_worker_progress, fills fill_, the oldest not yet done, and moves it on. No other
+  // poll's ucp_worker_progress, fills fill_, the oldest not yet done, and moves it on (and,
+  // delivering inline, takes it off the head itself when it is the head). No other
   // thread runs the callback: messages to this rank never go through UCX (whose `self`
   // transport would run it inside the sender's call) but through loopback_.
   detail::OpContext* recv_head_ = nullptr;
@@ -1617,10 +1620,10 @@ class UcxTransport final : public Transport {
   // word of initial-exec TLS: linked with a program it is in static TLS, and dlopened the
   // library's few such words fit in the spare static TLS glibc keeps for such libraries.
   static thread_local UcxTransport* tearing_down_ __attribute__((tls_model("initial-exec")));
-  // The transport whose ucp_worker_progress runs on this thread (under the worker lock), so a
-  // post from a callback inside it (an inline sink's reply) does not take the lock again.
+  // The transport whose poll's ucp_worker_progress runs on this thread: the data callback
+  // hands messages to sink_ (set only where the worker has no lock, deliver_inline) inside that
+  // call alone, never inside teardown's progress calls.
   static thread_local UcxTransport* progressing_ __attribute__((tls_model("initial-exec")));
-  BiasedLock* post_lock() const noexcept { return progressing_ == this ? nullptr : lock_; }
   InlineSink sink_;
 };
 
