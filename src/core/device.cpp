@@ -697,7 +697,6 @@ bool DeviceImpl::progress() {
   rendezvous_.end_reads();
   for (Link& l : links_) {
     const int n = l.transport->poll(events, kPollBatch);
-    if (__builtin_expect(inline_error_ != nullptr, 0)) std::rethrow_exception(std::exchange(inline_error_, nullptr));
     for (int i = 0; i < n; ++i) {
       const net::Event& e = events[i];
       // The common event, an arrived message, skips the general dispatch.
@@ -711,6 +710,8 @@ bool DeviceImpl::progress() {
     }
     flush_staged();
     any = any || n > 0;
+    // After the poll's events, which would be lost otherwise.
+    if (__builtin_expect(inline_error_ != nullptr, 0)) std::rethrow_exception(std::exchange(inline_error_, nullptr));
   }
   any = any || delivered_inline_;
   // One increment and one test per call; the peer check (a clock read) every 1024 calls. After
