@@ -418,20 +418,23 @@ LockModelImpl::Outcome LockModelImpl::csync(void (*call)(DeviceImpl&, CsyncNode&
   }
   if (!cur->completed.load(std::memory_order_acquire)) {
     // This thread is the combiner: serve announced requests in order, its own first.
-    const Inside mark(*this);
     CsyncNode* tmp = cur;
     std::uint64_t served = 0;
-    for (int n = 0; n < kMaxCombine; ++n, ++served) {
-      CsyncNode* next = tmp->next.load(std::memory_order_acquire);
-      if (next == nullptr) break;  // tmp is the tail: its request is not announced yet
-      try {
-        tmp->call(dev_, *tmp);
-      } catch (...) {
-        tmp->error = std::current_exception();
+    {
+      // Cleared before the hand-off below, so the next combiner's mark is never erased.
+      const Inside mark(*this);
+      for (int n = 0; n < kMaxCombine; ++n, ++served) {
+        CsyncNode* next = tmp->next.load(std::memory_order_acquire);
+        if (next == nullptr) break;  // tmp is the tail: its request is not announced yet
+        try {
+          tmp->call(dev_, *tmp);
+        } catch (...) {
+          tmp->error = std::current_exception();
+        }
+        tmp->completed.store(true, std::memory_order_release);
+        tmp->wait.store(false, std::memory_order_release);
+        tmp = next;
       }
-      tmp->completed.store(true, std::memory_order_release);
-      tmp->wait.store(false, std::memory_order_release);
-      tmp = next;
     }
     tmp->wait.store(false, std::memory_order_release);  // hands the combiner role on
     if (served > 1) note_batch(served - 1);  // calls of other threads

@@ -146,7 +146,9 @@ class LockModelImpl {
   // posting an answer; also when handlers of several devices call into each other) goes
   // straight to the device instead of waiting for the lock it holds. Relaxed: only a thread
   // itself stores its own id here, so it reads its id back only after it stored it (program
-  // order), and never reads another thread's store as its own id.
+  // order), and never reads another thread's store as its own id. Each holder clears it before
+  // it lets the next one in (the unlock, csync's hand-off: release, and the next holder's
+  // acquire), so a clear never lands after the next holder's mark.
   std::atomic<std::thread::id> inside_{};
 
   // csync: the announce list.
