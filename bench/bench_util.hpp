@@ -4,10 +4,19 @@
 // what "median" and "half round trip" mean.
 #pragma once
 
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <exception>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -200,6 +209,76 @@ inline bool check_ends(const unsigned char* p, std::size_t n, int rank, int thre
 inline void print_json(const nlohmann::json& j) {
   std::printf("%s\n", j.dump().c_str());
   std::fflush(stdout);
+}
+
+// Whole-buffer write and read on a two-process baseline's control socket (run_forked_pair).
+inline void write_all(int fd, const void* data, std::size_t n) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w <= 0) throw std::runtime_error("control socket: write failed");
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+inline void read_all(int fd, void* data, std::size_t n) {
+  auto* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::read(fd, p, n);
+    if (r <= 0) throw std::runtime_error("control socket: the peer process went away");
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+}
+
+// A two-process baseline without a launcher (ferry-fi-msgrate, ferry-ucp-pingpong): forks,
+// before the caller has touched its network library (not all survive a fork), and runs
+// body(1, socket) in the child and body(0, socket) here, the two ends of one socketpair, over
+// which the bodies swap addresses and keep in step. A body throws on failure; its message goes
+// to stderr, prefixed with `name` and the rank, and rank 0's failure stops the child. Returns
+// the exit status: 0 when both bodies returned.
+template <class Body>
+int run_forked_pair(const char* name, Body body) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
+    std::fprintf(stderr, "%s: socketpair: %s\n", name, std::strerror(errno));
+    return 1;
+  }
+  std::fflush(stdout);
+  const pid_t child = ::fork();
+  if (child < 0) {
+    std::fprintf(stderr, "%s: fork: %s\n", name, std::strerror(errno));
+    ::close(sv[0]);
+    ::close(sv[1]);
+    return 1;
+  }
+  if (child == 0) {
+    ::close(sv[0]);
+    int code = 0;
+    try {
+      body(1, sv[1]);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s: rank 1: %s\n", name, e.what());
+      code = 1;
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+    ::_exit(code);
+  }
+  ::close(sv[1]);
+  int rc = 0;
+  try {
+    body(0, sv[0]);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: rank 0: %s\n", name, e.what());
+    ::kill(child, SIGTERM);
+    rc = 1;
+  }
+  ::close(sv[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (rc == 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) rc = 1;
+  return rc;
 }
 
 }  // namespace bench

@@ -6,8 +6,9 @@
 // It is the best a ferry-like layer could do on the same provider.
 //
 // fi_pingpong has no rate mode (its Mxfers/sec is just 1 / usec-per-transfer of the ping-pong),
-// hence this program. It needs no launcher: it forks its own peer and the two swap their
-// fi_getname addresses over a socketpair, so it runs anywhere libfabric does.
+// hence this program. It needs no launcher: it forks its own peer (bench::run_forked_pair,
+// before libfabric is touched: providers are not fork-safe once initialised) and the two swap
+// their fi_getname addresses over a socketpair, so it runs anywhere libfabric does.
 //
 //   ferry-fi-msgrate --provider shm --size 8 --count 100000 --window 64 --json
 #include <rdma/fabric.h>
@@ -16,12 +17,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -42,27 +38,6 @@ std::string fi_err(const char* call, long rc) {
 
 void check(const char* call, long rc) {
   if (rc != 0) throw std::runtime_error(fi_err(call, rc));
-}
-
-// Whole-buffer read/write on the control socket (a socketpair between the two processes).
-void write_all(int fd, const void* data, std::size_t n) {
-  const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w <= 0) throw std::runtime_error("control socket: write failed");
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-}
-
-void read_all(int fd, void* data, std::size_t n) {
-  auto* p = static_cast<char*>(data);
-  while (n > 0) {
-    const ssize_t r = ::read(fd, p, n);
-    if (r <= 0) throw std::runtime_error("control socket: the peer process went away");
-    p += r;
-    n -= static_cast<std::size_t>(r);
-  }
 }
 
 struct Options {
@@ -146,21 +121,21 @@ class Peer {
     std::size_t len = sizeof name;
     check("fi_getname", fi_getname(&ep_->fid, name, &len));
     const std::uint32_t len32 = static_cast<std::uint32_t>(len);
-    write_all(sock_, &len32, sizeof len32);
-    write_all(sock_, name, len);
+    bench::write_all(sock_, &len32, sizeof len32);
+    bench::write_all(sock_, name, len);
     std::uint32_t peer_len = 0;
-    read_all(sock_, &peer_len, sizeof peer_len);
+    bench::read_all(sock_, &peer_len, sizeof peer_len);
     if (peer_len > sizeof name) throw std::runtime_error("peer address too long");
     char peer_name[256];
-    read_all(sock_, peer_name, peer_len);
+    bench::read_all(sock_, peer_name, peer_len);
     const int n = fi_av_insert(av_, peer_name, 1, &peer_, 0, nullptr);
     if (n != 1) throw std::runtime_error(fi_err("fi_av_insert", n));
 
     for (auto& s : slots_) post_recv(s);
     // Both sides have their receives posted before the first message is sent.
     char byte = 'r';
-    write_all(sock_, &byte, 1);
-    read_all(sock_, &byte, 1);
+    bench::write_all(sock_, &byte, 1);
+    bench::read_all(sock_, &byte, 1);
   }
 
   // Rank 0: windows of sends, each followed by waiting for the ack.
@@ -191,8 +166,8 @@ class Peer {
   // Lets the other process finish its last receive before either closes its endpoint.
   void finish() {
     char byte = 'f';
-    write_all(sock_, &byte, 1);
-    read_all(sock_, &byte, 1);
+    bench::write_all(sock_, &byte, 1);
+    bench::read_all(sock_, &byte, 1);
   }
 
   const std::string& provider_name() const { return provider_name_; }
@@ -339,37 +314,14 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", o.timeout_s, "give up after this many seconds")->check(CLI::PositiveNumber);
   if (const int code = bench::parse_or_exit_code(app, argc, argv, false); code >= 0) return code;
 
-  int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
-    std::perror("ferry-fi-msgrate: socketpair");
-    return 1;
-  }
-  std::fflush(stdout);
-  // Fork before libfabric is touched: providers are not fork-safe once initialised.
-  const pid_t child = ::fork();
-  if (child < 0) {
-    std::perror("ferry-fi-msgrate: fork");
-    return 1;
-  }
-  if (child == 0) {
-    ::close(sv[0]);
-    try {
-      Peer peer(o, 1, sv[1]);
-      peer.setup();
+  return bench::run_forked_pair("ferry-fi-msgrate", [&](int rank, int sock) {
+    Peer peer(o, rank, sock);
+    peer.setup();
+    if (rank == 1) {
       peer.run_receiver();
       peer.finish();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "ferry-fi-msgrate: receiver: %s\n", e.what());
-      std::fflush(stderr);
-      ::_exit(1);
+      return;
     }
-    ::_exit(0);
-  }
-  ::close(sv[1]);
-  int rc = 0;
-  try {
-    Peer peer(o, 0, sv[0]);
-    peer.setup();
     const double secs = peer.run_sender();
     peer.finish();
     const double rate = static_cast<double>(o.rate.count) / secs;
@@ -393,14 +345,5 @@ int main(int argc, char** argv) {
                   static_cast<long long>(o.rate.size), peer.provider_name().c_str(), rate,
                   static_cast<long long>(o.rate.count), static_cast<long long>(o.rate.window), secs);
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ferry-fi-msgrate: sender: %s\n", e.what());
-    ::kill(child, SIGTERM);
-    rc = 1;
-  }
-  ::close(sv[0]);
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  if (rc == 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) rc = 1;
-  return rc;
+  });
 }

@@ -149,6 +149,8 @@ class DeviceImpl : public DeviceContext {
   void on_lent(Link& link, Packet* p, std::size_t length, const unsigned char* lent);
   // Transport::deliver_inline's sink: `device` is this, `link` one of links_.
   static void on_inline(void* device, void* link, const net::Event& e) noexcept;
+  // on_inline's fast path for an active message to a target that does not batch (a Handler).
+  bool signal_inline(Link& link, Packet* p, std::size_t length);
   // `recv`: what a receive wants, from post_recv directly or from its queued descriptor.
   void deliver_message(const RecvDescriptor& recv, Packet* message);
   // An eager message packet's payload (after its header, or its heap block) and its release.
