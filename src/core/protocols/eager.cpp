@@ -2,13 +2,15 @@
 
 #include <cerrno>
 
+#include "common/small_copy.hpp"
+
 namespace ferry::detail {
 
 Status inject_small(DeviceContext& dc, Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank,
                     const void* buffer, std::size_t size) {
   alignas(16) unsigned char frame[kStackInject];
   encode(frame, WireHeader{kind, 0, target, dc.rank(), tag, 0});
-  if (size != 0) std::memcpy(frame + kHeader, buffer, size);
+  copy_small(frame + kHeader, buffer, size);  // a few words, usually: inline, no call into libc
   const int rc = l.transport->inject(rank, frame, kHeader + size);
   if (rc == 0) return Status::make_done();
   if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);

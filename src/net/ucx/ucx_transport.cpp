@@ -65,6 +65,7 @@
 
 #include "common/log.hpp"
 #include "common/mpmc_ring.hpp"
+#include "common/small_copy.hpp"
 #include "common/spinlock.hpp"
 #include "ferry/error.hpp"
 #include "net/abandon.hpp"
@@ -811,7 +812,7 @@ class UcxTransport final : public Transport {
   void fill(detail::OpContext* c, const void* data, std::size_t length) noexcept {
     OpState& st = state(c);
     const std::size_t n = std::min<std::size_t>(length, st.data);
-    if (n != 0) std::memcpy(st.buffer, data, n);
+    detail::copy_small(st.buffer, data, n);  // a small message's few words inline, no call into libc
     st.length = n;
     st.error = length > st.data ? -EMSGSIZE : 0;
     done_flag(st).store(1, std::memory_order_release);
