@@ -36,13 +36,15 @@ out=${out:-results/ucp-floor-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
 raw="$out/raw.jsonl"
 : > "$raw"
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
 # ucx_perftest's shared-memory files: the ones this script's runs leave are removed at the end.
 shm_before=$(mktemp)
 ls /dev/shm > "$shm_before" 2>/dev/null || true
 server=""
 cleanup() {
-  [ -n "$server" ] && kill "$server" 2> /dev/null || true
+  set +e  # clean-up must not turn a finished run into a failed one
+  [ -n "$server" ] && kill "$server" 2> /dev/null
   comm -13 "$shm_before" <(ls /dev/shm 2>/dev/null | sort) 2>/dev/null | grep '^ucx_' | sed 's|^|/dev/shm/|' | xargs -r rm -f
   rm -f "$shm_before"
 }
@@ -72,9 +74,9 @@ for r in $(seq 1 "$rounds"); do
   echo "ucp-floor.sh: round $r of $rounds done (cache-line round trip ${c2c:-?} ns)" >&2
 done
 
-/usr/bin/env python3 - "$raw" "$out/summary.md" <<'EOF'
+/usr/bin/env python3 - "$raw" "$out/summary.md" "$commit" "$iters" <<'EOF'
 import json, statistics, sys
-raw, dest = sys.argv[1], sys.argv[2]
+raw, dest, commit, iters = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 rounds = {}
 for line in open(raw):
     d = json.loads(line)
@@ -97,6 +99,7 @@ for r in rounds.values():
             cols.append(k)
 cols.sort(key=lambda k: (k == "ferry", int(k.split()[1]) if k.startswith("work") else 0))
 out = ["# ferry-ucp-pingpong and ferry over UCX against ucp_am_lat, per round", "",
+       "ferry at %s; %s round trips per run." % (commit, iters), "",
        "One-way latency (half round trip) over ucp_am_lat's in the same round. `work N`: the bare UCP "
        "ping-pong with N empty-loop iterations before each answer (their own time in the last table); "
        "`ferry`: ferry-bench pingpong --inbox reply, FERRY_LOCK_MODEL=serialized.", "",
