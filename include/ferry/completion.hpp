@@ -13,7 +13,8 @@
 //    capacity; when both are full it spills into an overflow list rather than drop or wait.
 //    The entries one producer signals are popped in that order (spilled ones included).
 //  - Synchronizer: counts to n (like an MPI request when n == 1); test() / wait().
-//  - Handler: runs a callback inside progress (keep it short, it must not block).
+//  - Handler: runs a callback inside progress (keep it short, it must not block; it may
+//    post, but a barrier from there is an error: see Runtime::barrier).
 #pragma once
 
 #include <atomic>

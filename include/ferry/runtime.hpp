@@ -231,7 +231,9 @@ class Runtime {
   // posted before it are performed (not necessarily completed) first. Progresses every device
   // of this rank while it waits, so peers waiting on this rank's progress are served. One
   // thread per rank at a time. Throws ferry::PeerFailed naming the rank when a peer has failed
-  // (before or while waiting): a barrier cannot complete without every rank.
+  // (before or while waiting): a barrier cannot complete without every rank. Throws
+  // ferry::Error when called from inside device 0's progress (a Handler's callback, say): the
+  // barrier's steps arrive through that progress, so the wait could never end.
   void barrier();
   // The ranks this process knows to have failed, ascending (empty when all are well).
   //

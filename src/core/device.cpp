@@ -80,7 +80,24 @@ void DeviceImpl::on_inline(void* device, void* link, const net::Event& e) noexce
     if (e.lent != nullptr) d->on_lent(l, p, e.length, e.lent); else d->on_recv(l, p, e.length, p->data() + kFragmentHeader);
     if (d->staged_count_ != 0 && !d->staged_target_->batches()) d->flush_staged_slow();
   } catch (...) {
-    if (d->inline_error_ == nullptr) d->inline_error_ = std::current_exception();
+    if (d->inline_error_ == nullptr) {
+      d->inline_error_ = std::current_exception();
+    } else {
+      d->log_dropped_inline_error();
+    }
+  }
+}
+
+// A second exception within one poll: progress rethrows only the first, so this one is said here.
+void DeviceImpl::log_dropped_inline_error() noexcept {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    FERRY_LOG_AT(error, runtime_.rank(), index_, "an exception while delivering a message (not rethrown: progress "
+                 "rethrows the poll's first): %s", e.what());
+  } catch (...) {
+    FERRY_LOG_AT(error, runtime_.rank(), index_, "an exception while delivering a message (not rethrown: progress "
+                 "rethrows the poll's first), not a std::exception");
   }
 }
 
@@ -700,9 +717,41 @@ void DeviceImpl::on_event(Link& l, const net::Event& e) {
   }
 }
 
+namespace {
+
+// The devices whose progress the calling thread is inside, innermost first: a chain of frames
+// on its stack (a handler may progress another device). Two stores per progress call; read
+// only by progressing_here.
+struct ProgressFrame {
+  const DeviceImpl* device;
+  const ProgressFrame* outer;
+};
+[[gnu::tls_model("initial-exec")]] thread_local const ProgressFrame* tls_progress = nullptr;
+
+class EnterProgress {
+ public:
+  explicit EnterProgress(const DeviceImpl* device) noexcept : frame_{device, tls_progress} { tls_progress = &frame_; }
+  ~EnterProgress() { tls_progress = frame_.outer; }
+  EnterProgress(const EnterProgress&) = delete;
+  EnterProgress& operator=(const EnterProgress&) = delete;
+
+ private:
+  ProgressFrame frame_;
+};
+
+}  // namespace
+
+bool DeviceImpl::progressing_here() const noexcept {
+  for (const ProgressFrame* f = tls_progress; f != nullptr; f = f->outer) {
+    if (f->device == this) return true;
+  }
+  return false;
+}
+
 bool DeviceImpl::progress() {
   if (!poll_lock_.try_lock()) return false;
   std::lock_guard<SpinLock> guard(poll_lock_, std::adopt_lock);
+  const EnterProgress frame(this);
   // Uninitialized: a transport writes every field of the events it returns (Transport::poll).
   // Zeroing kPollBatch events (~900 bytes) cost ~46 instructions on every call, idle ones
   // included. The byte array's lifetime creates the events implicitly (Event is an aggregate).

@@ -107,6 +107,10 @@ class DeviceImpl : public DeviceContext {
   // sends awaiting their completion, deferred steps, backlog tails); exact when quiescent.
   std::size_t in_flight() const noexcept;
   std::uint64_t delivered_inline() const noexcept { return inline_count_.load(std::memory_order_relaxed); }
+  // Whether the calling thread is inside this device's progress (a Handler's callback, say,
+  // or a call nested in one): what only this progress call can take in cannot arrive while
+  // the caller waits for it there.
+  bool progressing_here() const noexcept;
   void mark_finalized() noexcept { finalized_.store(true, std::memory_order_relaxed); }
 
   // Peer failure, acted on by progress (under the poll lock) once the runtime's failure count
@@ -149,6 +153,8 @@ class DeviceImpl : public DeviceContext {
   void on_lent(Link& link, Packet* p, std::size_t length, const unsigned char* lent);
   // Transport::deliver_inline's sink: `device` is this, `link` one of links_.
   static void on_inline(void* device, void* link, const net::Event& e) noexcept;
+  // Inside on_inline's handler of a second exception in one poll: logs it (only the first is rethrown).
+  void log_dropped_inline_error() noexcept;
   // on_inline's fast path for an active message to a target that does not batch (a Handler).
   bool signal_inline(Link& link, Packet* p, std::size_t length);
   // `recv`: what a receive wants, from post_recv directly or from its queued descriptor.

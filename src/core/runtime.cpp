@@ -282,6 +282,12 @@ void RuntimeImpl::barrier_arrived(int src, std::uint32_t step) noexcept {
 
 void RuntimeImpl::barrier() {
   throw_if_failed("barrier");
+  // The barrier's steps travel on device 0, whose progress this thread cannot run again from
+  // inside it: the wait would never end.
+  if (devices_[0]->progressing_here()) {
+    throw Error("barrier: called from inside device 0's progress (from a Handler's callback, say); its steps "
+                "arrive through that progress, which must return first");
+  }
   // Operations this rank posted before the barrier are performed before it: a deferring lock
   // model (lockq, offload) may still hold some in its queue.
   for (auto& t : lock_models_) {

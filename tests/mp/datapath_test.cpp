@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include "mp_common.hpp"
@@ -652,6 +653,36 @@ TEST(Handler, AnswersPostedFromInsideTheHandlerArrive) {
     EXPECT_GT(dev.stats().delivered_inline, 0u);
   } else if (rt().transport().find("ucx") == std::string::npos || lockless) {
     EXPECT_EQ(dev.stats().delivered_inline, 0u);
+  }
+  rt().barrier();
+}
+
+// A barrier called from inside a Handler, that is inside device 0's progress, through which
+// the barrier's own steps arrive, is an error naming the call, not a wait that never ends
+// (every rank's handler calls it, so without the check every rank would wait there forever);
+// the runtime goes on working after it.
+TEST(Handler, BarrierFromInsideAHandlerIsAnErrorNotAHang) {
+  ferry::Device& dev = rt().device();
+  std::atomic<int> ran{0};
+  std::mutex what_lock;
+  std::string what;
+  ferry::Handler h([&](ferry::Completion&&) {
+    try {
+      rt().barrier();
+    } catch (const ferry::Error& e) {
+      std::lock_guard<std::mutex> g(what_lock);
+      what = e.what();
+    }
+    ran.fetch_add(1);
+  });
+  ferry::Exposure ex = rt().expose(h, 27);
+  rt().barrier();
+  std::uint64_t v = 1;
+  (void)post_retry(dev, [&] { return dev.post_am({.rank = right(), .buffer = &v, .size = 8, .target = {27}}); });
+  EXPECT_TRUE(wait_until(dev, [&] { return ran.load() == 1; }));
+  {
+    std::lock_guard<std::mutex> g(what_lock);
+    EXPECT_NE(what.find("barrier: called from inside device 0's progress"), std::string::npos) << what;
   }
   rt().barrier();
 }
