@@ -9,7 +9,9 @@
 // the callback as ucx_perftest does (--answer loop). --work N runs N iterations of an empty
 // loop before the answer, standing for what any layer above UCX does with a message (check its
 // header, find its target, build its completion, call the application): the output says how
-// long that work takes on its own (work_ns) and what it adds to the one-way latency.
+// long that work takes on its own (work_ns) and what it adds to the one-way latency. --after N
+// runs the loop after each answer (a runtime's bookkeeping once it sent) and --idle N after
+// each ucp_worker_progress call (a polling loop as long as a runtime's): after_ns, idle_ns.
 //
 // No launcher: it forks its peer (bench::run_forked_pair), and the two swap worker addresses
 // over a socketpair.
@@ -41,6 +43,8 @@ struct Options {
   std::int64_t iters = 1000000;
   std::int64_t warmup = 10000;
   std::int64_t work = 0;
+  std::int64_t idle = 0;
+  std::int64_t after = 0;
   std::string answer = "callback";
   double timeout_s = 60.0;
   bool json = false;
@@ -142,10 +146,12 @@ class Peer {
     std::uint32_t polls = 0;
     while (received_ < n) {
       ucp_worker_progress(worker_);
+      busy(o_.idle);
       if (!in_callback() && received_ != seen) {
         seen = received_;
         busy(o_.work);
         if (rank_ == 1 || seen < n) send();
+        busy(o_.after);
       }
       if ((++polls & 0xFFFF) == 0 && Clock::now() > deadline_) throw std::runtime_error("timed out waiting for the peer");
     }
@@ -193,6 +199,7 @@ class Peer {
     if (self->in_callback()) {
       busy(self->o_.work);
       if (self->rank_ == 1 || n < self->last_) self->send();
+      busy(self->o_.after);
     }
     return UCS_OK;
   }
@@ -228,6 +235,11 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "untimed round trips first")->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   app.add_option("--work", o.work, "empty-loop iterations between a message's arrival and its answer")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
+  app.add_option("--after", o.after, "empty-loop iterations after each answer (a runtime's bookkeeping once it sent)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
+  app.add_option("--idle", o.idle,
+                 "empty-loop iterations after each progress call: a polling loop as long as a runtime's")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
   app.add_option("--answer", o.answer, "where the answer is sent: callback (inside UCX's receive callback, as a "
                                        "ferry Handler) or loop (after it, from the polling loop, as ucx_perftest)")
       ->check(CLI::IsMember({"callback", "loop"}));
@@ -253,6 +265,10 @@ int main(int argc, char** argv) {
                                        {"iters", o.iters},
                                        {"work", o.work},
                                        {"work_ns", wns},
+                                       {"after", o.after},
+                                       {"after_ns", work_ns(o.after)},
+                                       {"idle", o.idle},
+                                       {"idle_ns", work_ns(o.idle)},
                                        {"answer", o.answer},
                                        {"half_rtt_us", us}});
     } else {
