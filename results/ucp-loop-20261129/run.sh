@@ -36,7 +36,7 @@ g++ -O2 "$here/ucp_idle.cpp" -o "$tmp/ucp_idle" -lucp -lucs
   timeout 120 "$tmp/ucp_idle"; } > "$here/idle.txt" 2>&1
 rm -rf "$tmp"
 rm -f /dev/shm/ucx_shm_posix_* 2>/dev/null
-/usr/bin/python3 - "$raw" "$here/summary.md" <<'PY'
+/usr/bin/python3 - "$raw" "$here/summary.md" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 runs = ["--idle 0", "--idle 40", "--idle 160", "--after 100", "--after 400", "--work 40", "--work 60"]
@@ -53,6 +53,7 @@ for d in rows:
     key = d["run"].split()[0][2:]
     ns.setdefault(d["run"], []).append(res.get(key + "_ns", 0.0))
 out = ["# ferry-ucp-pingpong: polling-loop length, work after and before the answer", "",
+       "At %s." % sys.argv[3], "",
        "Median half round trip (us) per placement of the two vCPUs (cache-line round trip under 250 ns: close);",
        "in brackets, over --idle 0 of the same placement. The loop's own time per run in the last line.", "",
        "| placement | runs kept | " + " | ".join(runs) + " |", "|---" * (2 + len(runs)) + "|"]
