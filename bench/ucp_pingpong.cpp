@@ -12,6 +12,11 @@
 // long that work takes on its own (work_ns) and what it adds to the one-way latency. --after N
 // runs the loop after each answer (a runtime's bookkeeping once it sent) and --idle N after
 // each ucp_worker_progress call (a polling loop as long as a runtime's): after_ns, idle_ns.
+// --work-on 0|1 puts the work on one rank only (ucx_perftest's ping-pong does its own
+// bookkeeping between a reply and the next message on the rank that starts, after the answer
+// on the other). --features am, --thread-mode single and --send plain set UCX up as
+// ucx_perftest's AM tests do instead (AM only, a single-threaded worker, sends with a
+// completion callback and no flags), to tell ferry's choices from the benchmark's structure.
 //
 // No launcher: it forks its peer (bench::run_forked_pair), and the two swap worker addresses
 // over a socketpair.
@@ -46,6 +51,10 @@ struct Options {
   std::int64_t idle = 0;
   std::int64_t after = 0;
   std::string answer = "callback";
+  std::string work_on = "both";  // which rank runs --work: both, 0 (the one that starts) or 1
+  std::string features = "am,rma";      // the context's features: ferry asks for both
+  std::string thread_mode = "serialized";
+  std::string send_mode = "eager-imm";  // ferry's send flags; "plain" as ucx_perftest sends
   double timeout_s = 60.0;
   bool json = false;
 };
@@ -97,14 +106,14 @@ class Peer {
     if (s != UCS_OK) throw std::runtime_error(ucs("ucp_config_read", s));
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
-    params.mt_workers_shared = 1;
+    params.features = o_.features == "am" ? UCP_FEATURE_AM : (UCP_FEATURE_RMA | UCP_FEATURE_AM);
+    params.mt_workers_shared = o_.features == "am" ? 0 : 1;
     s = ucp_init(&params, config, &context_);
     ucp_config_release(config);
     if (s != UCS_OK) throw std::runtime_error(ucs("ucp_init", s));
     ucp_worker_params_t wp{};
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+    wp.thread_mode = o_.thread_mode == "single" ? UCS_THREAD_MODE_SINGLE : UCS_THREAD_MODE_SERIALIZED;
     s = ucp_worker_create(context_, &wp, &worker_);
     if (s != UCS_OK) throw std::runtime_error(ucs("ucp_worker_create", s));
     ucp_address_t* address = nullptr;
@@ -147,12 +156,12 @@ class Peer {
     std::uint32_t polls = 0;
     while (received_ < n) {
       ucp_worker_progress(worker_);
-      busy(o_.idle);
+      if (o_.idle != 0) busy(o_.idle);
       if (!in_callback() && received_ != seen) {
         seen = received_;
-        busy(o_.work);
+        if (work_ != 0) busy(work_);
         if (rank_ == 1 || seen < n) send();
-        busy(o_.after);
+        if (o_.after != 0) busy(o_.after);
       }
       if ((++polls & 0xFFFF) == 0 && Clock::now() > deadline_) throw std::runtime_error("timed out waiting for the peer");
     }
@@ -167,7 +176,7 @@ class Peer {
   }
 
  private:
-  bool in_callback() const noexcept { return o_.answer == "callback"; }
+  bool in_callback() const noexcept { return callback_; }
 
   void sync() {
     char c = 1;
@@ -175,13 +184,21 @@ class Peer {
     bench::read_all(sock_, &c, 1);
   }
 
+  static void sent(void* request, ucs_status_t, void*) { ucp_request_free(request); }
+
   void send() {
     ucp_request_param_t p;
-    p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL | UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_AM_SEND_FLAG_EAGER;
+    if (o_.send_mode == "plain") {
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+      p.cb.send = &Peer::sent;
+    } else {
+      p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL | UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = UCP_AM_SEND_FLAG_EAGER;
+    }
     for (;;) {
       void* r = ucp_am_send_nbx(ep_, kAmId, nullptr, 0, msg_.data(), msg_.size(), &p);
       if (r == nullptr) return;
+      if (UCS_PTR_IS_PTR(r)) return;  // plain: the callback frees it once sent
       if (UCS_PTR_STATUS(r) != UCS_ERR_NO_RESOURCE) throw std::runtime_error(ucs("ucp_am_send_nbx", UCS_PTR_STATUS(r)));
       ucp_worker_progress(worker_);  // the peer's queue is full: drain ours, try again
     }
@@ -198,7 +215,7 @@ class Peer {
     }
     const std::int64_t n = ++self->received_;
     if (self->in_callback()) {
-      busy(self->o_.work);
+      if (self->work_ != 0) busy(self->work_);
       if (self->rank_ == 1 || n < self->last_) self->send();
       busy(self->o_.after);
     }
@@ -214,6 +231,8 @@ class Peer {
   int sock_;
   std::vector<unsigned char> msg_;
   unsigned char in_[256]{};
+  const bool callback_ = o_.answer == "callback";  // read on every turn: not a string compare
+  const std::int64_t work_ = o_.work_on == "both" || o_.work_on == std::to_string(rank_) ? o_.work : 0;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   ucp_ep_h ep_ = nullptr;
@@ -236,6 +255,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "untimed round trips first")->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   app.add_option("--work", o.work, "empty-loop iterations between a message's arrival and its answer")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
+  app.add_option("--work-on", o.work_on, "which rank runs --work: both, 0 (the one that starts each round trip) or 1")
+      ->check(CLI::IsMember({"both", "0", "1"}));
   app.add_option("--after", o.after, "empty-loop iterations after each answer (a runtime's bookkeeping once it sent)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 16));
   app.add_option("--idle", o.idle,
@@ -244,6 +265,13 @@ int main(int argc, char** argv) {
   app.add_option("--answer", o.answer, "where the answer is sent: callback (inside UCX's receive callback, as a "
                                        "ferry Handler) or loop (after it, from the polling loop, as ucx_perftest)")
       ->check(CLI::IsMember({"callback", "loop"}));
+  app.add_option("--features", o.features, "the context's features: am,rma (as ferry) or am (as ucx_perftest's AM tests)")
+      ->check(CLI::IsMember({"am", "am,rma"}));
+  app.add_option("--thread-mode", o.thread_mode, "the worker's thread mode: serialized (as ferry) or single")
+      ->check(CLI::IsMember({"serialized", "single"}));
+  app.add_option("--send", o.send_mode, "send flags: eager-imm (eager, forced immediate completion, as ferry) or "
+                                        "plain (a completion callback and no flags, as ucx_perftest)")
+      ->check(CLI::IsMember({"eager-imm", "plain"}));
   app.add_option("--timeout", o.timeout_s, "give up after this many seconds")->check(CLI::PositiveNumber);
   app.add_flag("--json", o.json, "one JSON object");
   if (const int code = bench::parse_or_exit_code(app, argc, argv, false); code >= 0) return code;
@@ -271,6 +299,10 @@ int main(int argc, char** argv) {
                                        {"idle", o.idle},
                                        {"idle_ns", work_ns(o.idle)},
                                        {"answer", o.answer},
+                                       {"work_on", o.work_on},
+                                       {"features", o.features},
+                                       {"thread_mode", o.thread_mode},
+                                       {"send", o.send_mode},
                                        {"half_rtt_us", us}});
     } else {
       std::printf("ucp_pingpong size %lld B  answer %s  work %lld (%.1f ns alone): half round trip %.3f us\n",
