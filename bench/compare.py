@@ -539,6 +539,15 @@ def versions(args):
         v = first_line(cmd)
         if v:
             out[name] = v
+    if "ucx" in out:
+        # Debian's UCX keeps its assertions, cluster builds drop them, and on the shared-memory
+        # path one of them costs a cache-line transfer per message: say which this one is.
+        try:
+            p = subprocess.run(["ucx_info", "-b"], capture_output=True, text=True, timeout=20)
+            on = any(line.split()[:2] == ["#define", "ENABLE_ASSERT"] for line in p.stdout.splitlines())
+            out["ucx"] += " (assertions %s)" % ("on" if on else "off")
+        except (OSError, subprocess.SubprocessError):
+            pass
     return out
 
 
