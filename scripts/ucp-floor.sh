@@ -48,14 +48,10 @@ for u in "${ucx_list[@]}"; do
     echo "ucp-floor.sh: --ucx $u is not a UCX installation (no $u/bin/ucx_perftest or $u/lib/libucp.so.0)" >&2; exit 2
   fi
 done
-# The environment a UCX entry runs in: nothing added for `system`, its bin/ and lib/ first for a DIR.
-ucx_env() {
-  if [ "$1" = system ]; then echo env; else
-    local d; d=$(realpath "$1")
-    echo env "PATH=$d/bin:$PATH" "LD_LIBRARY_PATH=$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  fi
-}
 ucx_label() { if [ "$1" = system ]; then echo system; else basename "$(realpath "$1")"; fi; }
+labels=$(for u in "${ucx_list[@]}"; do ucx_label "$u"; done)
+dup=$(sort <<< "$labels" | uniq -d | head -1)
+[ -z "$dup" ] || { echo "ucp-floor.sh: --ucx names '$dup' twice (entries are told apart by their last path component)" >&2; exit 2; }
 out=${out:-results/ucp-floor-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
 raw="$out/raw.jsonl"
@@ -81,7 +77,13 @@ for r in $(seq 1 "$rounds"); do
   c2c_before=$(c2c)
   echo "{\"round\":$r,\"implementation\":\"c2c\",\"round_trip_ns\":${c2c_before:-null}}" >> "$raw"
   for u in "${ucx_list[@]}"; do
-    read -r -a E <<< "$(ucx_env "$u")"
+    # The environment this UCX runs in: nothing added for `system`, its bin/ and lib/ first for a DIR.
+    if [ "$u" = system ]; then
+      E=(env)
+    else
+      d=$(realpath "$u")
+      E=(env "PATH=$d/bin:$PATH" "LD_LIBRARY_PATH=$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+    fi
     label=$(ucx_label "$u")
     # ucx_perftest: server in the background, client on 127.0.0.1; field 5 of "Final:" is the
     # overall mean one-way latency (us).
