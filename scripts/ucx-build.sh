@@ -11,8 +11,9 @@
 # Usage: scripts/ucx-build.sh [--prefix build/ucx-noassert] [--assertions off|on] [--jobs N]
 # --assertions on builds Debian's configuration unchanged (a control for the comparison).
 # Needs Debian's source index (fetched into a private apt directory; the system's apt
-# configuration is not changed), gcc and make; installs dpkg-dev, autoconf, automake and libtool
-# when missing. About three minutes here.
+# configuration is not changed; FERRY_DEBIAN_MIRROR names another mirror than deb.debian.org),
+# gcc and make; installs dpkg-dev, autoconf, automake and libtool when missing. About three
+# minutes here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=build/ucx-noassert assertions=off jobs=$(nproc)
@@ -21,7 +22,7 @@ while [ $# -gt 0 ]; do
     --prefix) prefix=${2:?--prefix needs a directory}; shift 2 ;;
     --assertions) assertions=${2:-}; shift 2 ;;
     --jobs) jobs=${2:-}; shift 2 ;;
-    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
     *) echo "ucx-build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
