@@ -188,7 +188,7 @@ class Peer {
 
   void send() {
     ucp_request_param_t p;
-    if (o_.send_mode == "plain") {
+    if (plain_send_) {
       p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
       p.cb.send = &Peer::sent;
     } else {
@@ -231,7 +231,9 @@ class Peer {
   int sock_;
   std::vector<unsigned char> msg_;
   unsigned char in_[256]{};
-  const bool callback_ = o_.answer == "callback";  // read on every turn: not a string compare
+  // Read on every turn and every send: not string compares.
+  const bool callback_ = o_.answer == "callback";
+  const bool plain_send_ = o_.send_mode == "plain";
   const std::int64_t work_ = o_.work_on == "both" || o_.work_on == std::to_string(rank_) ? o_.work : 0;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;

@@ -21,6 +21,10 @@ cd "$(dirname "$0")/.."
 rounds=5 iters=1000000 work=0,20,40,60,100,200 ucx=system build=build out=""
 while [ $# -gt 0 ]; do
   case "$1" in
+    --rounds|--iters|--work|--ucx|--build|--out)
+      [ $# -ge 2 ] || { echo "ucp-floor.sh: $1 needs a value (see --help)" >&2; exit 2; } ;;
+  esac
+  case "$1" in
     --rounds) rounds=$2; shift 2 ;;
     --iters) iters=$2; shift 2 ;;
     --work) work=$2; shift 2 ;;

@@ -19,9 +19,13 @@ cd "$(dirname "$0")/.."
 prefix=build/ucx-noassert assertions=off jobs=$(nproc)
 while [ $# -gt 0 ]; do
   case "$1" in
-    --prefix) prefix=${2:?--prefix needs a directory}; shift 2 ;;
-    --assertions) assertions=${2:-}; shift 2 ;;
-    --jobs) jobs=${2:-}; shift 2 ;;
+    --prefix|--assertions|--jobs)
+      [ $# -ge 2 ] || { echo "ucx-build.sh: $1 needs a value (see --help)" >&2; exit 2; } ;;
+  esac
+  case "$1" in
+    --prefix) prefix=$2; shift 2 ;;
+    --assertions) assertions=$2; shift 2 ;;
+    --jobs) jobs=$2; shift 2 ;;
     -h|--help) sed -n 2,16p "$0"; exit 0 ;;
     *) echo "ucx-build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -31,6 +35,7 @@ case "$assertions" in
   *) echo "ucx-build.sh: --assertions takes on or off, not '$assertions'" >&2; exit 2 ;;
 esac
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "ucx-build.sh: --jobs takes a positive integer, not '$jobs'" >&2; exit 2; }
+[ -n "$prefix" ] || { echo "ucx-build.sh: --prefix takes a directory, not ''" >&2; exit 2; }
 version=$(dpkg-query -W -f '${Version}' libucx0 2>/dev/null || true)
 [ -n "$version" ] || { echo "ucx-build.sh: libucx0 is not installed (scripts/deps.sh installs it)" >&2; exit 1; }
 # dpkg-source unpacks the package; Debian's tarball has no configure script, so autotools too.
