@@ -131,6 +131,7 @@ class CompletionObject {
   // then hands ferry one message at a time: an object that says false (the default, and a
   // Handler) is signalled at once, so a handler's reply leaves before the transport's poll
   // goes on; one that says true (a CompletionQueue) gets the poll's messages as one run.
+  // Asked once, when the object is exposed (Runtime::expose): the answer must not change.
   virtual bool batches() const noexcept { return false; }
 };
 

@@ -58,6 +58,22 @@ DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, const Config& config,
   for (Link& l : links_) (void)l.transport->deliver_inline(net::InlineSink{&DeviceImpl::on_inline, this, &l});
 }
 
+// Inlined into on_inline, its only caller: one call and frame less per message.
+[[gnu::always_inline]] inline bool DeviceImpl::signal_inline(Link& l, Packet* p, std::size_t length) {
+  if (length < kHeader || length > p->capacity || p->data()[0] != static_cast<std::uint8_t>(MsgKind::am)) return false;
+  const auto h = decode<WireHeader>(p->data());
+  if (h.src < 0 || h.src >= runtime_.size() || route_[static_cast<std::size_t>(h.src)] != &l) return false;
+  CompletionObject* const target = runtime_.exposed_at_once(h.target);
+  if (target == nullptr) return false;  // not exposed yet, or one that batches
+  --l.posted_recvs;
+  p->arrived.length = static_cast<std::uint32_t>(length);
+  Completion& c = staged_[0];  // the stage is empty: its first slot is free
+  fill_am(c, p, h);
+  target->signal(std::move(c));
+  c.buffer.reset();
+  return true;
+}
+
 // A message a transport delivers from inside its poll (Transport::deliver_inline): the poll's
 // fast path. An active message for an object that does not batch (a Handler) is signalled
 // before the transport goes on, so a reply from the handler leaves inside the transport's
@@ -503,21 +519,6 @@ inline void DeviceImpl::fill_am(Completion& c, Packet* p, const WireHeader& h) {
 // the handler kept the payload, returns to the pool once the handler (and its answer) is done.
 // False, with nothing changed, for anything else: the general path then takes it (and drops a
 // malformed one with its warning).
-bool DeviceImpl::signal_inline(Link& l, Packet* p, std::size_t length) {
-  if (length < kHeader || length > p->capacity || p->data()[0] != static_cast<std::uint8_t>(MsgKind::am)) return false;
-  const auto h = decode<WireHeader>(p->data());
-  if (h.src < 0 || h.src >= runtime_.size() || route_[static_cast<std::size_t>(h.src)] != &l) return false;
-  CompletionObject* const target = runtime_.exposed(h.target);
-  if (target == nullptr || target->batches()) return false;
-  --l.posted_recvs;
-  p->arrived.length = static_cast<std::uint32_t>(length);
-  Completion& c = staged_[0];  // the stage is empty: its first slot is free
-  fill_am(c, p, h);
-  target->signal(std::move(c));
-  c.buffer.reset();
-  return true;
-}
-
 void DeviceImpl::on_packet(Packet* p) {
   const auto h = decode<WireHeader>(p->data());
   if (h.kind != MsgKind::am) flush_staged();  // whatever this message signals comes after the staged

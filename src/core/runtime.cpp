@@ -193,8 +193,8 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
     const pid_t parent = ::getppid();
     if (parent > 1) launcher_ = parent;
   }
-  targets_ = std::make_unique<std::atomic<CompletionObject*>[]>(config_.max_targets);
-  for (std::size_t i = 0; i < config_.max_targets; ++i) targets_[i].store(nullptr, std::memory_order_relaxed);
+  targets_ = std::make_unique<std::atomic<std::uintptr_t>[]>(config_.max_targets);
+  for (std::size_t i = 0; i < config_.max_targets; ++i) targets_[i].store(0, std::memory_order_relaxed);
   // Each device: [ofi or ucx][shm], and the index of the one that reaches each rank.
   const int ofi_index = plan.ofi || plan.ucx ? 0 : -1;
   const int shm_index = plan.shm ? (plan.ofi || plan.ucx ? 1 : 0) : -1;
@@ -586,9 +586,11 @@ void RuntimeImpl::expose(CompletionObject& object, std::uint16_t id) {
     throw Error("expose: id=" + std::to_string(id) + " is out of range; FERRY_MAX_TARGETS=" +
                 std::to_string(config_.max_targets));
   }
-  CompletionObject* expected = nullptr;
-  // Release: a progress thread that loads the pointer (acquire) sees a constructed object.
-  if (!targets_[id].compare_exchange_strong(expected, &object, std::memory_order_release, std::memory_order_relaxed)) {
+  static_assert(alignof(CompletionObject) > kAtOnce, "targets_ keeps a flag in the address's low bit");
+  const std::uintptr_t entry = reinterpret_cast<std::uintptr_t>(&object) | (object.batches() ? 0 : kAtOnce);
+  std::uintptr_t expected = 0;
+  // Release: a progress thread that loads the entry (acquire) sees a constructed object.
+  if (!targets_[id].compare_exchange_strong(expected, entry, std::memory_order_release, std::memory_order_relaxed)) {
     throw Error("expose: id=" + std::to_string(id) + " is already exposed");
   }
   std::lock_guard<std::mutex> guard(park_mutex_);
@@ -602,7 +604,7 @@ void RuntimeImpl::expose(CompletionObject& object, std::uint16_t id) {
   }
 }
 
-void RuntimeImpl::unexpose(std::uint16_t id) noexcept { targets_[id].store(nullptr, std::memory_order_release); }
+void RuntimeImpl::unexpose(std::uint16_t id) noexcept { targets_[id].store(0, std::memory_order_release); }
 
 void RuntimeImpl::deliver(std::uint16_t id, Completion&& completion) noexcept {
   if (CompletionObject* t = exposed(id)) {
@@ -616,7 +618,7 @@ void RuntimeImpl::deliver(std::uint16_t id, Completion&& completion) noexcept {
     return;
   }
   std::lock_guard<std::mutex> guard(park_mutex_);
-  if (CompletionObject* t = targets_[id].load(std::memory_order_acquire)) {
+  if (CompletionObject* t = object_at(targets_[id].load(std::memory_order_acquire))) {
     t->signal(std::move(completion));
     return;
   }

@@ -1,8 +1,11 @@
 // runtime_impl.hpp — the runtime: bootstrap, transports, devices, and the remote-target table.
 //
-// Remote targets: targets_[id] points at the completion object exposed under id, or is null.
-// Delivery (inside progress, any thread) loads it with acquire, pairing with the release
-// store in expose(), so the object is fully constructed when signalled. A message for an id
+// Remote targets: targets_[id] holds the address of the completion object exposed under id, or
+// 0; its low bit (free: the object is at least pointer-aligned) is set when the object does not
+// batch (CompletionObject::batches(), read once by expose()), so the fast path that signals
+// such an object at once needs no virtual call to ask. Delivery (inside progress, any thread)
+// loads it with acquire, pairing with the release store in expose(), so the object is fully
+// constructed when signalled. A message for an id
 // that is not exposed yet is parked under park_mutex_ (a slow path: it only happens when a
 // sender is ahead of the receiver's setup) and handed over by expose().
 #pragma once
@@ -86,7 +89,13 @@ class RuntimeImpl {
   // The object exposed under `id`, or null (not exposed yet, or out of range): deliver's
   // fast path, for a caller that signals the object itself.
   CompletionObject* exposed(std::uint16_t id) const noexcept {
-    return id < config_.max_targets ? targets_[id].load(std::memory_order_acquire) : nullptr;
+    return id < config_.max_targets ? object_at(targets_[id].load(std::memory_order_acquire)) : nullptr;
+  }
+  // The object exposed under `id` if it does not batch (it is signalled at once), else null.
+  CompletionObject* exposed_at_once(std::uint16_t id) const noexcept {
+    if (id >= config_.max_targets) return nullptr;
+    const std::uintptr_t v = targets_[id].load(std::memory_order_acquire);
+    return (v & kAtOnce) != 0 ? object_at(v) : nullptr;
   }
   std::size_t max_targets() const noexcept { return config_.max_targets; }
 
@@ -121,7 +130,11 @@ class RuntimeImpl {
   // before them: an offload thread stops before its device's endpoint closes.
   std::vector<std::unique_ptr<LockModelImpl>> lock_models_;
   std::vector<Device> handles_;
-  std::unique_ptr<std::atomic<CompletionObject*>[]> targets_;
+  static constexpr std::uintptr_t kAtOnce = 1;  // targets_'s low bit: the object does not batch
+  static CompletionObject* object_at(std::uintptr_t v) noexcept {
+    return reinterpret_cast<CompletionObject*>(v & ~kAtOnce);
+  }
+  std::unique_ptr<std::atomic<std::uintptr_t>[]> targets_;
   std::mutex park_mutex_;
   std::vector<std::pair<std::uint16_t, Completion>> parked_;
   std::atomic<bool> finalized_{false};

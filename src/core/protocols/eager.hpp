@@ -8,9 +8,11 @@
 // the post completes at once. No allocation, no blocking lock.
 #pragma once
 
+#include <cerrno>
 #include <cstddef>
 #include <cstring>
 
+#include "common/small_copy.hpp"
 #include "core/device_context.hpp"
 
 namespace ferry::detail {
@@ -20,11 +22,28 @@ namespace ferry::detail {
 inline constexpr std::size_t kStackInject = 256;
 
 // Injects [header][buffer] from a stack frame; kHeader + size <= kStackInject and the link's inject size.
-Status inject_small(DeviceContext& dc, Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank,
-                    const void* buffer, std::size_t size);
+// Inline, as inject_gathered: on the reply path of a handler that answers they save a call and
+// its frame per message.
+inline Status inject_small(DeviceContext& dc, Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank,
+                           const void* buffer, std::size_t size) {
+  alignas(16) unsigned char frame[kStackInject];
+  encode(frame, WireHeader{kind, 0, target, dc.rank(), tag, 0});
+  copy_small(frame + kHeader, buffer, size);  // a few words, usually: inline, no call into libc
+  const int rc = l.transport->inject(rank, frame, kHeader + size);
+  if (__builtin_expect(rc == 0, 1)) return Status::make_done();
+  if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+  return dc.transport_error(l, "inject", rc, rank);
+}
 // Injects the header and the caller's buffer as two parts; kHeader + size <= l.gather_size.
-Status inject_gathered(DeviceContext& dc, Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank,
-                       const void* buffer, std::size_t size);
+inline Status inject_gathered(DeviceContext& dc, Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank,
+                              const void* buffer, std::size_t size) {
+  alignas(16) unsigned char header[kHeader];
+  encode(header, WireHeader{kind, 0, target, dc.rank(), tag, 0});
+  const int rc = l.transport->inject_parts(rank, header, kHeader, buffer, size);
+  if (__builtin_expect(rc == 0, 1)) return Status::make_done();
+  if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+  return dc.transport_error(l, "inject", rc, rank);
+}
 
 // Sends an eager am or msg of `size` <= dc.packet_eager_limit() payload bytes to `rank` over `l`.
 inline Status post_eager(DeviceContext& dc, Link& l, MsgKind kind, std::uint16_t target, Tag tag, int rank,
