@@ -58,6 +58,11 @@ DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, const Config& config,
   for (Link& l : links_) (void)l.transport->deliver_inline(net::InlineSink{&DeviceImpl::on_inline, this, &l});
 }
 
+// on_inline's fast path: a well-formed active message for an object that takes messages one at
+// a time (a Handler) is signalled straight from here, without the stage; its packet, unless
+// the handler kept the payload, returns to the pool once the handler (and its answer) is done.
+// False, with nothing changed, for anything else: the general path then takes it (and drops a
+// malformed one with its warning).
 // Inlined into on_inline, its only caller: one call and frame less per message.
 [[gnu::always_inline]] inline bool DeviceImpl::signal_inline(Link& l, Packet* p, std::size_t length) {
   if (length < kHeader || length > p->capacity || p->data()[0] != static_cast<std::uint8_t>(MsgKind::am)) return false;
@@ -514,11 +519,6 @@ inline void DeviceImpl::fill_am(Completion& c, Packet* p, const WireHeader& h) {
   if (__builtin_expect(pool_->available_approx() < config_.prepost, 0)) c.buffer = copy_out(std::move(c.buffer));
 }
 
-// on_inline's fast path: a well-formed active message for an object that takes messages one at
-// a time (a Handler) is signalled straight from here, without the stage; its packet, unless
-// the handler kept the payload, returns to the pool once the handler (and its answer) is done.
-// False, with nothing changed, for anything else: the general path then takes it (and drops a
-// malformed one with its warning).
 void DeviceImpl::on_packet(Packet* p) {
   const auto h = decode<WireHeader>(p->data());
   if (h.kind != MsgKind::am) flush_staged();  // whatever this message signals comes after the staged
