@@ -553,6 +553,74 @@ TEST(Handler, RunsForEachIncomingMessage) {
   rt().barrier();
 }
 
+// Counts how an object is signalled: one message at a time (signal) or in runs (signal_batch).
+class SignalProbe final : public ferry::CompletionObject {
+ public:
+  SignalProbe(bool batches, int from) noexcept : batches_(batches), from_(from) {}
+  void signal(ferry::Completion&& c) noexcept override {
+    take(c);
+    singles_.fetch_add(1);
+  }
+  void signal_batch(ferry::Completion* completions, std::size_t count) noexcept override {
+    for (std::size_t i = 0; i < count; ++i) take(completions[i]);
+    runs_.fetch_add(1);
+  }
+  bool batches() const noexcept override { return batches_; }
+  int messages() const noexcept { return messages_.load(); }
+  int singles() const noexcept { return singles_.load(); }
+  int runs() const noexcept { return runs_.load(); }
+  int wrong() const noexcept { return wrong_.load(); }
+
+ private:
+  void take(const ferry::Completion& c) noexcept {
+    if (!c.ok() || c.rank != from_ || c.size != 8) wrong_.fetch_add(1);
+    messages_.fetch_add(1);
+  }
+  const bool batches_;
+  const int from_;
+  std::atomic<int> messages_{0}, singles_{0}, runs_{0}, wrong_{0};
+};
+
+// Whether an object batches is asked once, when it is exposed. Over UCX alone (not lockless)
+// a message for one that does not is signalled by itself from inside UCX's callback, never in
+// a run; one that batches always gets its messages in runs. Every other path hands both runs.
+// One message per link at a time (a barrier after each), so a run staged for the second object
+// never holds up the first's, and a small FERRY_PREPOST never runs out of posted receives
+// (a message that waits for one goes through the poll).
+TEST(Handler, AnObjectThatDoesNotBatchIsSignalledOneMessageAtATime) {
+  constexpr int kEach = 30;
+  ferry::Device& dev = rt().device();
+  SignalProbe single(false, left());
+  SignalProbe runs(true, left());
+  ferry::Exposure ex1 = rt().expose(single, 14);
+  ferry::Exposure ex2 = rt().expose(runs, 15);
+  rt().barrier();
+  const std::uint64_t v = 7;
+  for (std::uint16_t target : {std::uint16_t{14}, std::uint16_t{15}}) {
+    SignalProbe& probe = target == 14 ? single : runs;
+    for (int i = 0; i < kEach; ++i) {
+      (void)post_retry(dev, [&] { return dev.post_am({.rank = right(), .buffer = &v, .size = 8, .target = {target}}); });
+      EXPECT_TRUE(wait_until(dev, [&] { return probe.messages() == i + 1; }))
+          << "target " << target << ": " << probe.messages() << " of " << i + 1;
+      rt().barrier();
+    }
+  }
+  EXPECT_EQ(single.wrong(), 0);
+  EXPECT_EQ(runs.wrong(), 0);
+  EXPECT_EQ(runs.singles(), 0);
+  EXPECT_GT(runs.runs(), 0);
+  const bool ucx_only = rt().transport() == "ucx";
+  const bool lockless = rt().options().settings.lock_model == ferry::LockModel::lockless;
+  if (ucx_only && !lockless) {
+    EXPECT_EQ(single.singles(), kEach);
+    EXPECT_EQ(single.runs(), 0);
+  } else if (rt().transport().find("ucx") == std::string::npos || lockless) {
+    EXPECT_EQ(single.singles(), 0);
+    EXPECT_GT(single.runs(), 0);
+  }
+  rt().barrier();
+}
+
 // Counts local completions and remembers whether any failed (any thread signals).
 class SendCounter final : public ferry::CompletionObject {
  public:
