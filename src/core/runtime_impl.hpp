@@ -5,9 +5,9 @@
 // batch (CompletionObject::batches(), read once by expose()), so the fast path that signals
 // such an object at once needs no virtual call to ask. Delivery (inside progress, any thread)
 // loads it with acquire, pairing with the release store in expose(), so the object is fully
-// constructed when signalled. A message for an id
-// that is not exposed yet is parked under park_mutex_ (a slow path: it only happens when a
-// sender is ahead of the receiver's setup) and handed over by expose().
+// constructed when signalled. A message for an id that is not exposed yet is parked under
+// park_mutex_ (a slow path: it only happens when a sender is ahead of the receiver's setup) and
+// handed over by expose().
 #pragma once
 
 #include <atomic>
