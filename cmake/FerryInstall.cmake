@@ -1,4 +1,4 @@
-# cmake --install: the libraries, the public headers, ferryrun and ferry-info, a CMake package
+# cmake --install: the libraries, the backend modules, the public headers, ferryrun and ferry-info, a CMake package
 # with components (find_package(ferry COMPONENTS parcel amt parcel_mpi)) and one pkg-config file
 # per library (ferry, ferry-parcel, ferry-amt, ferry-parcel-mpi). Included from the top level
 # once every target exists.
@@ -16,6 +16,13 @@ endif()
 # programs in ../lib. Build-tree binaries keep their build RPATH.
 set_target_properties(${_ferry_libraries} PROPERTIES INSTALL_RPATH "$ORIGIN")
 set_target_properties(ferry-info PROPERTIES INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
+
+# The backend modules, in lib/ferry/ beside libferry, which finds them from its own path.
+get_property(_ferry_modules GLOBAL PROPERTY FERRY_BACKEND_MODULES)
+if(_ferry_modules)
+  set_target_properties(${_ferry_modules} PROPERTIES INSTALL_RPATH "$ORIGIN/..")
+  install(TARGETS ${_ferry_modules} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/ferry)
+endif()
 
 install(TARGETS ${_ferry_libraries} EXPORT ferryTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

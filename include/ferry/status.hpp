@@ -23,13 +23,15 @@ enum class StatusKind : std::uint8_t { done, posted, retry, failed };
   X(none, "no reason")                                                          \
   X(packet_pool, "the packet pool is empty (receivers hold or have not returned packets)") \
   X(send_queue, "the device's send credits are used up")                        \
-  X(provider, "the network provider returned FI_EAGAIN")                        \
+  X(transport, "the transport had no room for the operation now (its backend said -EAGAIN)") \
   X(lock, "another thread holds the device lock")
 
 enum class RetryReason : std::uint8_t {
 #define FERRY_X(name, text) name,
   FERRY_RETRY_REASONS(FERRY_X)
 #undef FERRY_X
+  // The name of `transport` in ferry 0.1, when libfabric was the only network backend.
+  provider [[deprecated("use RetryReason::transport")]] = transport,
 };
 
 const char* to_string(StatusKind kind) noexcept;

@@ -279,7 +279,7 @@ inline void DeviceImpl::check_target(const char* call, std::uint16_t id) const {
 Status DeviceImpl::post_am(const AmArgs& a) {
   check(a);
   if (__builtin_expect(peer_down(a.rank), 0)) return Status::make_failed(a.rank);
-  if (!fragments_.clear()) return Status::make_retry(RetryReason::provider);
+  if (!fragments_.clear()) return Status::make_retry(RetryReason::transport);
   Link& l = link(a.rank);
   if (l.fragmented(a.size)) return fragments_.post(l, MsgKind::am, a.target.id, a.tag, a.rank, a.buffer, a.size);
   if (a.size > eager_limit_) {
@@ -306,7 +306,7 @@ bool DeviceImpl::post_barrier_step(int rank, std::uint32_t step) {
 Status DeviceImpl::post_send(const SendArgs& a) {
   check(a);
   if (__builtin_expect(peer_down(a.rank), 0)) return Status::make_failed(a.rank);
-  if (!fragments_.clear()) return Status::make_retry(RetryReason::provider);
+  if (!fragments_.clear()) return Status::make_retry(RetryReason::transport);
   Link& l = link(a.rank);
   if (l.fragmented(a.size)) return fragments_.post(l, MsgKind::msg, 0, a.tag, a.rank, a.buffer, a.size);
   if (a.size > eager_limit_) {

@@ -210,7 +210,7 @@ Status DeviceContext::send_packet(Packet* p, int rank, std::size_t length) {
     const int rc = l.transport->inject(rank, p->data(), length);
     pool_->put(p);
     if (rc == 0) return Status::make_done();
-    if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+    if (rc == -EAGAIN) return Status::make_retry(RetryReason::transport);
     return transport_error(l, "inject", rc, rank);
   }
   if (!take_credit()) {
@@ -223,7 +223,7 @@ Status DeviceContext::send_packet(Packet* p, int rank, std::size_t length) {
   if (rc == 0) return Status::make_done();
   return_credit();
   pool_->put(p);
-  if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+  if (rc == -EAGAIN) return Status::make_retry(RetryReason::transport);
   return transport_error(l, "send", rc, rank);
 }
 

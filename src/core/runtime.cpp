@@ -9,12 +9,11 @@
 #include "common/cpu_relax.hpp"
 #include "common/log.hpp"
 #include "common/queue_support.hpp"
-#include "core/fatal_signals.hpp"
 #include "core/recv_blocks.hpp"
 #include "core/runtime_impl.hpp"
 #include "ferry/error.hpp"
-#include "net/ofi/ofi_transport.hpp"
-#include "net/shm/shm_transport.hpp"
+#include "net/fatal_signals.hpp"
+#include "net/registry.hpp"
 
 namespace ferry {
 
@@ -95,51 +94,69 @@ std::vector<std::string> exchange_hosts(bootstrap::Bootstrap& boot, const std::s
   return hosts;
 }
 
-// Which backends this process uses and which one reaches each rank.
+// Which backends this process uses and which one reaches each rank. FERRY_TRANSPORT names one
+// backend for every peer, or `auto`: within the host the first registered backend that reaches
+// the host but not the network (ferry's shm), a rank alone on its host to itself through the
+// first that reaches only the rank (self), and across hosts FERRY_NETWORK's backend. The core knows a backend by
+// its name and reach only (net/backend.hpp).
 struct TransportPlan {
-  bool shm = false;
-  bool ofi = false;
-  bool ucx = false;
-  std::string provider;       // for ofi: a libfabric name, or "" for libfabric's best network
+  std::string network;        // reaches the peers no other backend reaches ("" none)
+  std::string host;           // reaches the ranks of this host but this one ("" none)
+  std::string self;           // reaches this rank ("" none)
+  std::string provider;       // for a backend with providers: a name, or "" for its best network
   std::vector<bool> on_host;  // by rank: shares this rank's host
 };
 
-TransportPlan plan_transports(const Config& config, const std::vector<std::string>& hosts, int rank) {
+// The first registered backend whose reach is exactly `reach`, or "".
+std::string first_backend_reaching(unsigned reach) {
+  for (const std::string& name : net::backend_names()) {
+    if (net::backend_origin(name).rfind("built in", 0) != 0) continue;  // a module is never loaded to be asked
+    if (net::backend(name, "FERRY_TRANSPORT=auto").reach == reach) return name;
+  }
+  return "";
+}
+
+TransportPlan plan_transports(const Config& config, const std::string& transport, const std::string& network,
+                              const std::vector<std::string>& hosts, int rank) {
   TransportPlan plan;
   const std::string& mine = hosts[static_cast<std::size_t>(rank)];
   plan.on_host.resize(hosts.size());
   int away = -1;
+  int neighbours = 0;
   for (std::size_t r = 0; r < hosts.size(); ++r) {
     plan.on_host[r] = hosts[r] == mine;
     if (!plan.on_host[r] && away < 0) away = static_cast<int>(r);
+    if (plan.on_host[r] && static_cast<int>(r) != rank) ++neighbours;
   }
-  switch (config.transport) {
-    case TransportKind::shm:
-      if (away >= 0) {
-        throw Error("FERRY_TRANSPORT=shm: rank " + std::to_string(away) + " is on host '" +
-                    hosts[static_cast<std::size_t>(away)] + "', rank " + std::to_string(rank) + " on '" + mine +
-                    "'; shared memory reaches only ranks of one host (use FERRY_TRANSPORT=auto or ofi)");
-      }
-      plan.shm = true;
-      break;
-    case TransportKind::ofi:
-      plan.ofi = true;
-      // "auto": libfabric's shm when every rank shares a host, else its best network.
-      plan.provider = config.provider != "auto" ? config.provider : (away < 0 ? "shm" : "");
-      break;
-    case TransportKind::ucx:
-      plan.ucx = true;
-      break;
-    case TransportKind::automatic:
-      plan.shm = true;
-      if (config.network == NetworkKind::ucx) {
-        plan.ucx = away >= 0;
-      } else {
-        plan.ofi = away >= 0;
-      }
-      plan.provider = config.provider != "auto" ? config.provider : "";
-      break;
+  if (transport != "auto") {
+    const std::string setting = "FERRY_TRANSPORT=" + transport;
+    const net::BackendInfo& b = net::backend(transport, setting);
+    if (away >= 0 && !net::reaches(b.reach, net::Reach::network)) {
+      throw Error(setting + ": rank " + std::to_string(away) + " is on host '" + hosts[static_cast<std::size_t>(away)] +
+                  "', rank " + std::to_string(rank) + " on '" + mine + "'; the " + transport +
+                  " backend reaches only ranks of one host (use FERRY_TRANSPORT=auto or a network backend)");
+    }
+    if (neighbours > 0 && !net::reaches(b.reach, net::Reach::host)) {
+      throw Error(setting + ": the " + transport + " backend reaches only this rank, and the job has " +
+                  std::to_string(hosts.size()) + " ranks (use FERRY_TRANSPORT=auto, shm or a network backend)");
+    }
+    if (net::reaches(b.reach, net::Reach::network)) {
+      plan.network = transport;
+    } else {
+      plan.host = transport;
+    }
+    // "auto": a provider's own shared memory when every rank shares a host, else its best network.
+    plan.provider = config.provider != "auto" ? config.provider : (away < 0 ? "shm" : "");
+    return plan;
   }
+  // A rank alone on its host talks to itself through the self backend; one with neighbours
+  // through the host backend it needs anyway (one link fewer: each keeps receives posted).
+  if (neighbours == 0) plan.self = first_backend_reaching(unsigned(net::Reach::self));
+  if (neighbours > 0 || plan.self.empty()) plan.host = first_backend_reaching(net::Reach::self | net::Reach::host);
+  if (plan.self.empty()) plan.self = plan.host;
+  if (away >= 0) plan.network = network;
+  if (plan.self.empty() && plan.host.empty() && plan.network.empty()) plan.network = network;
+  plan.provider = config.provider != "auto" ? config.provider : "";
   return plan;
 }
 
@@ -156,7 +173,7 @@ net::ShmCopy shm_copy(ShmCopyMode m) {
 
 RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_options(options)) {
   set_log_level(config_.log);
-  restore_fatal_signals();  // a crashed or stopped rank must end, not run our destructors
+  net::restore_fatal_signals();  // a crashed or stopped rank must end, not run our destructors
   if (config_.peer_timeout_ms != 0 && config_.peer_timeout_ms < 4 * config_.peer_check_ms) {
     throw Error("FERRY_PEER_TIMEOUT_MS=" + std::to_string(config_.peer_timeout_ms) + " is below 4 x FERRY_PEER_CHECK_MS=" +
                 std::to_string(config_.peer_check_ms) + ": a peer would be failed before enough checks saw its "
@@ -181,13 +198,28 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
     departed_[static_cast<std::size_t>(r)].store(0, std::memory_order_relaxed);
   }
   const TransportPlan plan =
-      plan_transports(config_, exchange_hosts(*boot_, config_.host.empty() ? hostname() : config_.host, options_, watch_), rank_);
-  if (plan.ofi) fabric_ = net::ofi::open_fabric(plan.provider);
-  if (plan.ucx) ucx_ = net::ucx::open_context();
+      plan_transports(config_, options_.value("transport"), options_.value("network"),
+                      exchange_hosts(*boot_, config_.host.empty() ? hostname() : config_.host, options_, watch_), rank_);
+  // Each device's transports, in this order: [network][host][self], each one that is used.
+  std::vector<std::string> used;
+  for (const std::string& name : {plan.network, plan.host, plan.self}) {
+    if (!name.empty() && std::find(used.begin(), used.end(), name) == used.end()) used.push_back(name);
+  }
+  for (const std::string& name : used) {
+    const std::string setting = name == plan.network && options_.value("transport") == "auto"
+                                    ? "FERRY_NETWORK=" + name
+                                    : "FERRY_TRANSPORT=" + options_.value("transport");
+    backends_.push_back(net::backend(name, setting).open(net::OpenParams{plan.provider}));
+  }
+  const auto index_of = [&](const std::string& name) {
+    const auto at = std::find(used.begin(), used.end(), name);
+    return name.empty() || at == used.end() ? -1 : static_cast<int>(at - used.begin());
+  };
+  if (!plan.network.empty()) network_ = backends_[static_cast<std::size_t>(index_of(plan.network))].get();
   std::vector<bool> away_ranks(static_cast<std::size_t>(size_));
   for (int r = 0; r < size_; ++r) away_ranks[static_cast<std::size_t>(r)] = !plan.on_host[static_cast<std::size_t>(r)];
   // The lock model serialises every call into a device but with lockless (serialized: the
-  // application does): UCX need not.
+  // application does): a backend need not.
   const bool serialized = config_.lock_model != LockModel::lockless;
   if (config_.launcher_watch && boot_->kind() != "single") {
     const pid_t parent = ::getppid();
@@ -195,33 +227,41 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   }
   targets_ = std::make_unique<std::atomic<std::uintptr_t>[]>(config_.max_targets);
   for (std::size_t i = 0; i < config_.max_targets; ++i) targets_[i].store(0, std::memory_order_relaxed);
-  // Each device: [ofi or ucx][shm], and the index of the one that reaches each rank.
-  const int ofi_index = plan.ofi || plan.ucx ? 0 : -1;
-  const int shm_index = plan.shm ? (plan.ofi || plan.ucx ? 1 : 0) : -1;
+  // The transport that reaches each rank: the self backend this rank, the host backend the
+  // rest of this host, the network backend everyone else (and whatever the others do not).
+  const int network_index = index_of(plan.network), host_index = index_of(plan.host), self_index = index_of(plan.self);
   std::vector<int> route(static_cast<std::size_t>(size_));
   for (int r = 0; r < size_; ++r) {
-    route[static_cast<std::size_t>(r)] = plan.shm && plan.on_host[static_cast<std::size_t>(r)] ? shm_index : ofi_index;
+    const bool here = plan.on_host[static_cast<std::size_t>(r)];
+    int t = network_index;
+    if (here && host_index >= 0) t = host_index;
+    if (r == rank_ && self_index >= 0) t = self_index;
+    route[static_cast<std::size_t>(r)] = t;
   }
   // The peers on other hosts, which the keepalive watches through a channel of its own. Every
   // rank agrees whether there is one: each has peers away exactly when the job spans two hosts.
   std::vector<int> away;
   for (int r = 0; r < size_; ++r)
     if (!plan.on_host[static_cast<std::size_t>(r)]) away.push_back(r);
+  const auto params = [&](int device, bool heartbeat) {
+    return net::TransportParams{.rank = rank_,
+                                .size = size_,
+                                .device = device,
+                                .packet_size = config_.packet_size,
+                                .packets = config_.packets,
+                                .cells = round_up_pow2(config_.shm_cells),
+                                .serialized = serialized,
+                                .heartbeat = heartbeat,
+                                .away = away_ranks,
+                                .copy = shm_copy(config_.shm_copy)};
+  };
   if (config_.peer_timeout_ms != 0 && !away.empty()) {
-    heartbeats_ = std::make_unique<HeartbeatChannel>(
-        plan.ucx ? net::ucx::make_transport(*ucx_, net::ucx::TransportParams{rank_, false, away_ranks, 1024, net::ShmCopy::copy})
-                 : net::ofi::make_transport(*fabric_),
-        rank_, size_);
+    heartbeats_ = std::make_unique<HeartbeatChannel>(network_->make_transport(params(0, true)), rank_, size_);
     boot_->put("ferry.alive", heartbeats_->address());
   }
   for (int d = 0; d < config_.devices; ++d) {
     std::vector<std::unique_ptr<net::Transport>> transports;
-    if (plan.ofi) transports.push_back(net::ofi::make_transport(*fabric_));
-    if (plan.ucx) transports.push_back(net::ucx::make_transport(*ucx_, net::ucx::TransportParams{rank_, serialized, away_ranks, config_.packets, shm_copy(config_.shm_copy)}));
-    if (plan.shm) {
-      transports.push_back(net::make_shm_transport(net::ShmParams{rank_, size_, d, config_.packet_size, round_up_pow2(config_.shm_cells),
-                                                                  shm_copy(config_.shm_copy)}));
-    }
+    for (auto& backend : backends_) transports.push_back(backend->make_transport(params(d, false)));
     devices_.push_back(std::make_unique<DeviceImpl>(*this, d, config_, std::move(transports), route));
     const LockModel model = config_.lock_model;
     const bool direct = model == LockModel::lockless || model == LockModel::serialized;
@@ -577,7 +617,7 @@ RuntimeImpl::~RuntimeImpl() {
   handles_.clear();
   lock_models_.clear();  // an offload thread must be gone before its device's endpoint
   devices_.clear();
-  fabric_.reset();
+  backends_.clear();
   boot_.reset();
 }
 

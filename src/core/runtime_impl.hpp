@@ -28,8 +28,7 @@
 #include "core/lock_model.hpp"
 #include "core/progress.hpp"
 #include "ferry/runtime.hpp"
-#include "net/ofi/fabric.hpp"
-#include "net/ucx/ucx_context.hpp"
+#include "net/backend.hpp"
 
 namespace ferry::detail {
 
@@ -46,8 +45,9 @@ class RuntimeImpl {
   const Config& config() const noexcept { return config_; }
   const Resolved<RuntimeSettings>& options() const noexcept { return options_; }
   bootstrap::Bootstrap& boot() { return *boot_; }
-  // The libfabric provider in use, or "none" when no peer is reached through libfabric.
-  std::string provider() const { return fabric_ != nullptr ? fabric_->caps().provider : ucx_ != nullptr ? "ucx" : "none"; }
+  // The network backend's provider ("tcp;ofi_rxm", "ucx"), or "none" when no peer is reached
+  // through a network backend.
+  std::string provider() const { return network_ != nullptr ? network_->provider() : "none"; }
   std::string transport() const { return devices_.empty() ? "" : devices_[0]->transport_names(); }
   std::string transport_of(int rank) const { return devices_.empty() ? "" : devices_[0]->describe_peer(rank); }
   std::vector<Device>& handles() { return handles_; }
@@ -120,8 +120,10 @@ class RuntimeImpl {
   std::unique_ptr<bootstrap::Bootstrap> boot_;
   int rank_ = 0;
   int size_ = 1;
-  std::unique_ptr<net::ofi::Fabric> fabric_;  // null when no peer is reached through libfabric
-  net::ucx::ContextPtr ucx_;                  // null when no peer is reached through UCX
+  // The backends this process opened, in each device's transport order; declared before
+  // devices_, so they outlive every transport they made.
+  std::vector<std::unique_ptr<net::Backend>> backends_;
+  net::Backend* network_ = nullptr;  // the one that reaches other hosts, or null
   // The keepalive's channel (on fabric_), when the job spans hosts and FERRY_PEER_TIMEOUT_MS
   // is not 0; used only by the keepalive thread once it runs.
   std::unique_ptr<HeartbeatChannel> heartbeats_;

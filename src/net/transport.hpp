@@ -33,6 +33,8 @@
 
 namespace ferry::net {
 
+using OpContext = detail::OpContext;
+
 // What a backend can do. The core reads it once per device and obeys it on every operation.
 struct Caps {
   std::string name;                // "shm", "ofi/tcp;ofi_rxm", ...

@@ -1,4 +1,4 @@
-# cmake -DSOURCE=<ferry source> -DBUILD=<ferry build> -DWORK=<scratch> -DPARCEL_MPI=<0|1> -P install_test.cmake
+# cmake -DSOURCE=<ferry source> -DBUILD=<ferry build> -DWORK=<scratch> -DPARCEL_MPI=<0|1> -DMODULES=<ferry-ofi;...> -P install_test.cmake
 file(REMOVE_RECURSE ${WORK})
 set(prefix ${WORK}/prefix)
 set(libdir ${prefix}/lib)
@@ -45,6 +45,7 @@ if(NOT last_output MATCHES "ferry")
   message(FATAL_ERROR "installed ferry-info printed: ${last_output}")
 endif()
 set(ferryrun ${prefix}/bin/ferryrun -n 2 --timeout 60)
+
 
 # ---- find_package(ferry COMPONENTS parcel amt) ------------------------------------------------
 run(${CMAKE_COMMAND} -S ${SOURCE}/examples/standalone -B ${WORK}/app -DCMAKE_PREFIX_PATH=${prefix})
@@ -101,4 +102,29 @@ endif()
 run(c++ -std=c++17 ${define} ${SOURCE}/examples/parcel_ring.cpp ${parcel} -o ${WORK}/parcel_ring_pc)
 run(${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${libdir} ${ferryrun} ${WORK}/parcel_ring_pc)
 expect_per_rank("parcel_ring (pkg-config)" "${last_output}" "rank [01] of 2: 2 parcels received over ferry, 0 bad" 2)
-message(STATUS "installed package: find_package and pkg-config programs for the core, parcel and AMT layers all run")
+
+# ---- the backend modules: installed, and found from libferry's own place after a move --------
+foreach(m IN LISTS MODULES)
+  if(NOT EXISTS ${libdir}/ferry/lib${m}.so)
+    message(FATAL_ERROR "not installed: lib/ferry/lib${m}.so")
+  endif()
+endforeach()
+# The tree moves; the old place is gone, so only the new one can serve.
+set(moved ${WORK}/moved)
+file(COPY ${prefix}/ DESTINATION ${moved})
+file(REMOVE_RECURSE ${prefix})
+run(${moved}/bin/ferry-info)
+foreach(m IN LISTS MODULES)
+  string(REPLACE "ferry-" "" name ${m})
+  if(NOT last_output MATCHES "  ${name}: [^\n]*\n    module ${moved}/lib/ferry/lib${m}.so\n")
+    message(FATAL_ERROR "the moved tree's ferry-info does not load ${m} from ${moved}/lib/ferry:\n${last_output}")
+  endif()
+endforeach()
+if("ferry-ofi" IN_LIST MODULES)
+  run(${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${moved}/lib FERRY_TRANSPORT=ofi FERRY_PROVIDER=tcp
+      ${moved}/bin/ferryrun -n 2 --timeout 60 ${WORK}/app/hello_installed)
+  if(NOT last_output MATCHES "hello17: 2 greetings")
+    message(FATAL_ERROR "a job over the moved tree's ofi module failed: ${last_output}")
+  endif()
+endif()
+message(STATUS "installed package: find_package and pkg-config programs for the core, parcel and AMT layers all run; the moved tree loads its backend modules")

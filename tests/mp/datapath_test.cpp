@@ -17,11 +17,22 @@
 #include <string>
 #include <thread>
 
+#include "ferry/tools.hpp"
 #include "mp_common.hpp"
 
 using namespace mp;
 
 namespace {
+
+// The shm backend's large-data path ("cma" or "copy (...)"), as ferry-info reports it.
+std::string shm_large_data() {
+  for (const ferry::BackendReport& b : ferry::describe_backends()) {
+    if (b.name != "shm") continue;
+    for (const auto& [label, value] : b.facts)
+      if (label == "large data") return value;
+  }
+  return "";
+}
 
 // Waits for the local completion of a post that returned `posted`.
 void finish(ferry::Device& dev, const ferry::Status& s, ferry::Synchronizer& sync) {
@@ -206,7 +217,7 @@ TEST(ActiveMessage, ToItsOwnRankWithoutProgressRunsOutAsRetryAndLosesNothing) {
 TEST(ActiveMessage, AConsumedStreamOfLargeMessagesReusesItsReceiveBlock) {
   if (rt().transport() != "shm") GTEST_SKIP() << "reads are synchronous only on ferry's shm, not " << rt().transport();
   const char* copy = std::getenv("FERRY_SHM_COPY");
-  if ((copy != nullptr && std::string(copy) == "copy") || ferry::shm_large_data_path().rfind("cma", 0) != 0) {
+  if ((copy != nullptr && std::string(copy) == "copy") || shm_large_data().rfind("cma", 0) != 0) {
     GTEST_SKIP() << "ferry's shm reads through its queues here, asynchronously";
   }
   if (another_thread_progresses()) {

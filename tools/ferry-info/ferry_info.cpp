@@ -1,4 +1,4 @@
-// ferry-info: ferry's version, the libfabric providers it can use here, and every layer's
+// ferry-info: ferry's version, its backends (how each comes and what it finds here), and every layer's
 // options (core, parcel layer, AMT runtime) with the value in force and where it came
 // from (environment or default). Exits 1 when a value in the environment is invalid.
 #include <CLI/CLI.hpp>
@@ -46,27 +46,16 @@ void print_table(const Table& table, std::vector<std::string>& errors) {
 int main(int argc, char** argv) {
   CLI::App app{"ferry-info: version, providers and options of this ferry installation"};
   bool probe = false;
-  app.add_flag("--probe", probe, "also open each provider and print its limits (inject size, mr mode...)");
+  app.add_flag("--probe", probe, "also open each libfabric provider and print its limits (inject size, mr mode...)");
   CLI11_PARSE(app, argc, argv);
 
-  std::printf("ferry %s (libfabric %s)\n\n", ferry::version(), ferry::fabric_version().c_str());
-  std::printf("transports (FERRY_TRANSPORT): shm (ferry's shared memory, ranks on one host), ofi (libfabric), "
-              "ucx (UCX); auto: shm within a host, FERRY_NETWORK (ofi or ucx) across hosts\n");
-  std::printf("  shm large data: %s\n", ferry::shm_large_data_path().c_str());
-  std::printf("  ucx: %s\n", ferry::ucx_description().c_str());
-  std::printf("ofi providers (FI_EP_RDM with messages and RMA):\n");
-  for (const auto& p : ferry::available_providers()) {
-    std::printf("  %s\n", p.c_str());
-    if (!probe) continue;
-    try {
-      const ferry::ProviderLimits c = ferry::probe_provider(p);
-      std::printf("    inject %zu B, max message %zu B, cq data %zu B, tx depth %zu, mr:%s%s%s%s%s\n", c.inject_size,
-                  c.max_msg_size, c.cq_data_size, c.tx_size, c.mr_local ? " local" : "",
-                  c.mr_virt_addr ? " virt_addr" : " offset", c.mr_prov_key ? " prov_key" : "",
-                  c.mr_endpoint ? " endpoint" : "", c.rx_cq_data ? " rx_cq_data" : "");
-    } catch (const std::exception& e) {
-      std::printf("    (cannot open: %s)\n", e.what());
-    }
+  std::printf("ferry %s\n\n", ferry::version());
+  std::printf("backends (FERRY_TRANSPORT names one for every peer; auto: shm within a host, self to this rank, "
+              "FERRY_NETWORK across hosts):\n");
+  for (const ferry::BackendReport& b : ferry::describe_backends(probe)) {
+    std::printf("  %s: %s\n    %s\n", b.name.c_str(), b.usable ? b.summary.c_str() : "unavailable", b.origin.c_str());
+    if (!b.usable && b.origin.rfind("not built", 0) != 0) std::printf("    %s\n", b.error.c_str());
+    for (const auto& [label, value] : b.facts) std::printf("    %s: %s\n", label.c_str(), value.c_str());
   }
   // Check the settings now, so a typo shows here rather than at the first run.
   std::vector<std::string> errors;

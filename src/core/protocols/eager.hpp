@@ -31,7 +31,7 @@ inline Status inject_small(DeviceContext& dc, Link& l, MsgKind kind, std::uint16
   copy_small(frame + kHeader, buffer, size);  // a few words, usually: inline, no call into libc
   const int rc = l.transport->inject(rank, frame, kHeader + size);
   if (__builtin_expect(rc == 0, 1)) return Status::make_done();
-  if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+  if (rc == -EAGAIN) return Status::make_retry(RetryReason::transport);
   return dc.transport_error(l, "inject", rc, rank);
 }
 // Injects the header and the caller's buffer as two parts; kHeader + size <= l.gather_size.
@@ -41,7 +41,7 @@ inline Status inject_gathered(DeviceContext& dc, Link& l, MsgKind kind, std::uin
   encode(header, WireHeader{kind, 0, target, dc.rank(), tag, 0});
   const int rc = l.transport->inject_parts(rank, header, kHeader, buffer, size);
   if (__builtin_expect(rc == 0, 1)) return Status::make_done();
-  if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+  if (rc == -EAGAIN) return Status::make_retry(RetryReason::transport);
   return dc.transport_error(l, "inject", rc, rank);
 }
 

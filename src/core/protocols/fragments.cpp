@@ -52,7 +52,7 @@ Status Fragments::post(Link& l, MsgKind kind, std::uint16_t target, Tag tag, int
     if (rc == 0) continue;
     if (rc != -EAGAIN || off == 0) {
       dc_.pool().put(spare);
-      if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+      if (rc == -EAGAIN) return Status::make_retry(RetryReason::transport);
       return dc_.transport_error(l, "inject", rc, rank);
     }
     // The provider took the first pieces: the rest must follow them, so it joins the backlog.

@@ -115,7 +115,7 @@ Status Rma::post(const RmaRequest& r) {
   if (r.op == OpKind::put && !r.notify && r.size <= caps.inject_size) {
     const int rc = t->inject_put(r.rank, r.local, r.size, addr, r.remote.key);
     if (rc == 0) return Status::make_done();
-    if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+    if (rc == -EAGAIN) return Status::make_retry(RetryReason::transport);
     return dc_.transport_error(l, "inject_put", rc, r.rank);
   }
   if (r.size <= caps.max_rma_size) {
@@ -149,7 +149,7 @@ Status Rma::post(const RmaRequest& r) {
     dc_.return_credit();
     release_registration(t, mr);
     dc_.pool().put(p);
-    if (rc == -EAGAIN) return Status::make_retry(RetryReason::provider);
+    if (rc == -EAGAIN) return Status::make_retry(RetryReason::transport);
     return dc_.transport_error(l, r.op == OpKind::get ? "get" : "put", rc, r.rank);
   }
   // Larger than one transfer: chunks, issued by progress.

@@ -1,16 +1,13 @@
-// ucx_context.cpp — the process's UCP context, status mapping, and ferry-info's description.
+// ucx_context.cpp — the process's UCP context, status mapping, and the description ferry-info prints.
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <string>
 
 #include "ferry/error.hpp"
-#include "ferry/runtime.hpp"
 #include "net/ucx/ucp.hpp"
 
 namespace ferry::net::ucx {
-
-bool built() noexcept { return true; }
 
 int to_errno_slow(ucs_status_t s) noexcept {
   switch (s) {
@@ -174,7 +171,3 @@ std::string describe() {
 }
 
 }  // namespace ferry::net::ucx
-
-namespace ferry {
-std::string ucx_description() { return net::ucx::describe(); }
-}  // namespace ferry

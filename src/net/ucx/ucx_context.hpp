@@ -1,9 +1,8 @@
 // ucx_context.hpp — the UCX backend (FERRY_TRANSPORT=ucx): one UCP context per process, one
 // ucp_worker per ferry device, behind net::Transport.
 //
-// This header names no UCX type, so the runtime and the tools build the same with or without
-// UCX; a build without it (net/ucx/absent.cpp) throws a ferry::Error naming the missing
-// package when the backend is asked for.
+// This header names no UCX type. The backend is the module libferry-ucx.so (backend.cpp), which
+// only the registry loads; a build without UCX registers it as absent, with the reason.
 #pragma once
 
 #include <memory>
@@ -13,9 +12,6 @@
 #include "net/transport.hpp"
 
 namespace ferry::net::ucx {
-
-// Whether this build of ferry has the UCX backend.
-bool built() noexcept;
 
 // The process's UCP context (features: tag matching, RMA, active messages).
 class Context;

@@ -1,0 +1,74 @@
+// backend.cpp — the libfabric backend's registration (the module libferry-ofi.so): any rank,
+// through one provider's endpoints (ofi_transport.hpp), and its facts for ferry-info.
+#include <rdma/fabric.h>
+
+#include "net/backend.hpp"
+#include "net/ofi/fabric.hpp"
+#include "net/ofi/ofi_transport.hpp"
+#include "net/ofi/tools.hpp"
+
+namespace ferry::net::ofi {
+
+namespace {
+
+class OfiBackend final : public Backend {
+ public:
+  explicit OfiBackend(std::unique_ptr<Fabric> fabric) : fabric_(std::move(fabric)) {}
+  // The keepalive's endpoint is one more endpoint of the same fabric.
+  std::unique_ptr<Transport> make_transport(const TransportParams&) override { return ofi::make_transport(*fabric_); }
+  std::string provider() const override { return fabric_->caps().provider; }
+
+ private:
+  std::unique_ptr<Fabric> fabric_;
+};
+
+std::string version() {
+  const std::uint32_t v = fi_version();
+  return std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v));
+}
+
+Limits probe(const std::string& provider) {
+  Fabric f(provider);
+  const FabricInfo& c = f.caps();
+  return Limits{c.inject_size, c.max_msg_size, c.cq_data_size, c.tx_size, c.mr_local,
+                c.mr_virt_addr, c.mr_prov_key, c.mr_endpoint, c.rx_cq_data};
+}
+
+std::vector<Fact> describe(bool with_probe) {
+  std::vector<Fact> facts{{"version", "libfabric " + version()}};
+  std::string names;
+  const std::vector<std::string> providers = available_providers();
+  for (const std::string& p : providers) names += (names.empty() ? "" : ", ") + p;
+  facts.emplace_back("providers (FI_EP_RDM with messages and RMA)", names.empty() ? "none" : names);
+  if (!with_probe) return facts;
+  for (const std::string& p : providers) {
+    try {
+      const Limits c = probe(p);
+      facts.emplace_back(p, "inject " + std::to_string(c.inject_size) + " B, max message " + std::to_string(c.max_msg_size) +
+                                " B, cq data " + std::to_string(c.cq_data_size) + " B, tx depth " + std::to_string(c.tx_size) +
+                                ", mr:" + (c.mr_local ? " local" : "") + (c.mr_virt_addr ? " virt_addr" : " offset") +
+                                (c.mr_prov_key ? " prov_key" : "") + (c.mr_endpoint ? " endpoint" : "") +
+                                (c.rx_cq_data ? " rx_cq_data" : ""));
+    } catch (const std::exception& e) {
+      facts.emplace_back(p, std::string("cannot open: ") + e.what());
+    }
+  }
+  return facts;
+}
+
+const OfiTools kTools{&available_providers, &probe, &version};
+
+const BackendInfo kOfi{
+    "ofi",
+    "libfabric: any rank, through one provider (FERRY_PROVIDER: shm, tcp, verbs, cxi, efa, ...)",
+    unsigned(Reach::self) | Reach::host | Reach::network,
+    [](const OpenParams& p) -> std::unique_ptr<Backend> { return std::make_unique<OfiBackend>(open_fabric(p.provider)); },
+    &describe,
+    &kTools,
+};
+
+}  // namespace
+
+}  // namespace ferry::net::ofi
+
+FERRY_BACKEND_MODULE(ferry::net::ofi::kOfi)
