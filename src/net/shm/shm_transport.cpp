@@ -249,15 +249,6 @@ bool ShmTransport::peer_alive(int rank) const noexcept {
 
 // --- Messages ------------------------------------------------------------------------------
 
-void ShmTransport::complete(detail::OpContext* ctx, std::size_t length, int rank, int error) noexcept {
-  auto* n = new (ctx->backend) DoneNode{};
-  n->ctx = ctx;
-  n->length = length;
-  n->rank = rank;
-  n->error = error;
-  done_.push(n);
-}
-
 int ShmTransport::inject_parts(int rank, const void* head, std::size_t head_len, const void* body,
                                std::size_t body_len) {
   if (head_len > cell_payload_ || body_len > cell_payload_ - head_len) return -EMSGSIZE;
