@@ -29,6 +29,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/op_context.hpp"
 #include "net/shm/cell_queue.hpp"
 #include "net/shm/segment.hpp"
 #include "net/shm/shm_transport.hpp"
@@ -218,7 +219,7 @@ double run_transport(int rank, const Pipe& out, const Pipe& in, bool pingpong, l
     for (;;) {
       const int k = t->poll(ev, 1);
       if (k == 1) {
-        const auto i = static_cast<int>(ev[0].context - ctx);
+        const auto i = static_cast<int>(ferry::detail::OpContext::of(ev[0].context) - ctx);
         t->post_recv(&buf[i], 8, nullptr, &ctx[i]);
         return;
       }
@@ -254,7 +255,7 @@ double run_transport(int rank, const Pipe& out, const Pipe& in, bool pingpong, l
       for (long got = 0; got < n;) {
         const int k = t->poll(ev, 16);
         for (int j = 0; j < k; ++j) {
-          const auto i = static_cast<int>(ev[j].context - ctx);
+          const auto i = static_cast<int>(ferry::detail::OpContext::of(ev[j].context) - ctx);
           t->post_recv(&buf[i], 8, nullptr, &ctx[i]);
         }
         got += k;

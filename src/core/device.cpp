@@ -674,7 +674,7 @@ void DeviceImpl::on_event(Link& l, const net::Event& e) {
     }
     return;
   }
-  OpContext* ctx = e.context;
+  OpContext* ctx = OpContext::of(e.context);
   const int err = e.error;
   switch (ctx->kind()) {
     case CtxKind::recv_packet: {
@@ -771,7 +771,7 @@ bool DeviceImpl::progress() {
     for (int i = 0; i < n; ++i) {
       const net::Event& e = events[i];
       // The common event, an arrived message, skips the general dispatch.
-      if (__builtin_expect(!e.remote_write && e.error == 0 && e.context->kind() == CtxKind::recv_packet, 1)) {
+      if (__builtin_expect(!e.remote_write && e.error == 0 && OpContext::of(e.context)->kind() == CtxKind::recv_packet, 1)) {
         auto* p = reinterpret_cast<Packet*>(e.context);
         if (e.lent != nullptr) on_lent(l, p, e.length, e.lent); else on_recv(l, p, e.length, p->data() + kFragmentHeader);
       } else {

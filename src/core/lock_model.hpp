@@ -20,7 +20,7 @@
 //             finalize() call into every device, so no other thread may be in one then. As
 //             with lockless no LockModelImpl exists; unlike lockless the transports are told
 //             so (UCX is the one that uses it: under lockless ferry guards its worker with a
-//             biased lock, net/biased_lock.hpp; under serialized nothing does).
+//             biased lock, common/biased_lock.hpp; under serialized nothing does).
 //             Progress threads are refused with it.
 //
 // A call made from inside the device by the thread that holds it (a Handler, run by progress,

@@ -1,17 +1,18 @@
-// op_context.hpp — what a transport hands back with each completion.
+// op_context.hpp — the core's record of an operation handed to a transport.
 //
-// Every operation ferry gives to a transport passes a pointer to an OpContext. OpContext starts
-// with 64 bytes that belong to the backend from the post until the operation's event (libfabric
-// keeps its fi_context2 there, satisfying FI_CONTEXT and FI_CONTEXT2; the shared-memory backend
-// links its local completions through it), and then says what kind of operation it is, so
-// progress can dispatch without a lookup.
+// The transport's part is net::OpContext (its 64 backend bytes, net/op_context.hpp); the core
+// adds what kind of operation it is, so progress can dispatch an event without a lookup
+// (static_cast from the event's context: every context the core posts is one of these).
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "ferry/completion.hpp"
+#include "net/op_context.hpp"
 
 namespace ferry::detail {
 
@@ -27,22 +28,24 @@ enum class CtxKind : std::uint8_t {
 // (acquire) by whichever thread polls its completion. The transport orders the two already,
 // but through code and memory no tool can see (another process, for shared memory); this pair
 // makes the handoff of everything written before the post explicit. On x86 both are plain moves.
-struct OpContext {
-  static constexpr std::size_t kBackendBytes = 64;
-  alignas(8) unsigned char backend[kBackendBytes];
-  std::atomic<CtxKind> kind_{CtxKind::recv_packet};
-
-  OpContext() = default;
-  OpContext(const OpContext& o) noexcept : kind_(o.kind_.load(std::memory_order_relaxed)) {
+// The kind lives in net::OpContext's owner byte (the core's, never the backend's): this type
+// adds functions only, so records that embed it stay standard-layout.
+struct OpContext : net::OpContext {
+  OpContext() { owner.store(static_cast<std::uint8_t>(CtxKind::recv_packet), std::memory_order_relaxed); }
+  OpContext(const OpContext& o) noexcept : net::OpContext() {
     std::memcpy(backend, o.backend, sizeof(backend));
+    owner.store(o.owner.load(std::memory_order_relaxed), std::memory_order_relaxed);
   }
   OpContext& operator=(const OpContext& o) noexcept {
     std::memcpy(backend, o.backend, sizeof(backend));
-    kind_.store(o.kind_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    owner.store(o.owner.load(std::memory_order_relaxed), std::memory_order_relaxed);
     return *this;
   }
-  void set_kind(CtxKind k) noexcept { kind_.store(k, std::memory_order_release); }
-  CtxKind kind() const noexcept { return kind_.load(std::memory_order_acquire); }
+  void set_kind(CtxKind k) noexcept { owner.store(static_cast<std::uint8_t>(k), std::memory_order_release); }
+  CtxKind kind() const noexcept { return static_cast<CtxKind>(owner.load(std::memory_order_acquire)); }
+  // The record of a context an event carries back (every context the core posts is one).
+  static OpContext* of(net::OpContext* c) noexcept { return static_cast<OpContext*>(c); }
 };
+static_assert(std::is_standard_layout_v<OpContext> && sizeof(OpContext) == sizeof(net::OpContext));
 
 }  // namespace ferry::detail

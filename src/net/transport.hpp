@@ -19,7 +19,8 @@
 //  - A put_data also produces, at the target, one event with remote_write set, the data and
 //    the length, after the written bytes are visible there.
 //  - Messages from one sender to one receiver on one transport arrive in the order sent.
-//  - OpContext::backend (64 bytes) belongs to the backend from the post until its event.
+//  - OpContext::backend (64 bytes, op_context.hpp) belongs to the backend from the post until
+//    its event; a backend never reads or writes past it.
 #pragma once
 
 #include <cerrno>
@@ -29,11 +30,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/op_context.hpp"
+#include "net/op_context.hpp"
 
 namespace ferry::net {
-
-using OpContext = detail::OpContext;
 
 // What a backend can do. The core reads it once per device and obeys it on every operation.
 struct Caps {
@@ -94,7 +93,7 @@ inline constexpr int kAbandonGraceMs = 1000;
 
 // One completion, success or error.
 struct Event {
-  detail::OpContext* context = nullptr;  // the post's context; remote_write: null unless it used up a receive
+  OpContext* context = nullptr;  // the post's context; remote_write: null unless it used up a receive
   std::size_t length = 0;   // recv: bytes received; remote_write: bytes written
   std::uint64_t data = 0;   // remote_write: the put_data's data
   std::int32_t rank = -1;   // the peer: the sender of a recv or remote_write, the target of a post; -1 unknown
@@ -139,15 +138,15 @@ class Transport {
                            std::size_t /*body_len*/) {
     return -ENOSYS;
   }
-  virtual int send(int rank, const void* buf, std::size_t len, void* desc, detail::OpContext* ctx) = 0;
-  virtual int post_recv(void* buf, std::size_t len, void* desc, detail::OpContext* ctx) = 0;
+  virtual int send(int rank, const void* buf, std::size_t len, void* desc, OpContext* ctx) = 0;
+  virtual int post_recv(void* buf, std::size_t len, void* desc, OpContext* ctx) = 0;
   virtual int put(int rank, const void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
-                  detail::OpContext* ctx) = 0;
+                  OpContext* ctx) = 0;
   virtual int put_data(int rank, const void* buf, std::size_t len, void* desc, std::uint64_t data, std::uint64_t addr,
-                       std::uint64_t key, detail::OpContext* ctx) = 0;
+                       std::uint64_t key, OpContext* ctx) = 0;
   virtual int inject_put(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key) = 0;
   virtual int get(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
-                  detail::OpContext* ctx) = 0;
+                  OpContext* ctx) = 0;
 
   // A get that the target may serve by writing into `buf` itself (its own progress does it),
   // for a caller that knows the target is progressing: one that waits for this read's outcome,
@@ -155,7 +154,7 @@ class Transport {
   // get(). Where the destination sits on large pages, a write by the target can be cheaper than
   // a read by the caller (ferry's shm: the single copy pins the destination's pages).
   virtual int get_pushed(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
-                         detail::OpContext* ctx) {
+                         OpContext* ctx) {
     return get(rank, buf, len, desc, addr, key, ctx);
   }
 

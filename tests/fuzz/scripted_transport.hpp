@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/op_context.hpp"
 #include "net/transport.hpp"
 
 namespace ferry::fuzz {
@@ -52,8 +53,8 @@ class ScriptedTransport final : public net::Transport {
   std::string address() const override { return {}; }
   void connect(const std::vector<std::string>&) override {}
   int inject(int, const void*, std::size_t) override { return 0; }
-  int send(int rank, const void*, std::size_t len, void*, detail::OpContext* ctx) override { return complete(rank, len, ctx); }
-  int post_recv(void* buf, std::size_t len, void*, detail::OpContext* ctx) override {
+  int send(int rank, const void*, std::size_t len, void*, net::OpContext* ctx) override { return complete(rank, len, ctx); }
+  int post_recv(void* buf, std::size_t len, void*, net::OpContext* ctx) override {
     if (refuse_recvs_ > 0) {
       --refuse_recvs_;
       return -EAGAIN;
@@ -61,15 +62,15 @@ class ScriptedTransport final : public net::Transport {
     posted_.push_back(Posted{static_cast<unsigned char*>(buf), len, ctx});
     return 0;
   }
-  int put(int rank, const void*, std::size_t len, void*, std::uint64_t, std::uint64_t, detail::OpContext* ctx) override {
+  int put(int rank, const void*, std::size_t len, void*, std::uint64_t, std::uint64_t, net::OpContext* ctx) override {
     return complete(rank, len, ctx);
   }
   int put_data(int rank, const void*, std::size_t len, void*, std::uint64_t, std::uint64_t, std::uint64_t,
-               detail::OpContext* ctx) override {
+               net::OpContext* ctx) override {
     return complete(rank, len, ctx);
   }
   int inject_put(int, const void*, std::size_t, std::uint64_t, std::uint64_t) override { return 0; }
-  int get(int rank, void*, std::size_t len, void*, std::uint64_t, std::uint64_t, detail::OpContext* ctx) override {
+  int get(int rank, void*, std::size_t len, void*, std::uint64_t, std::uint64_t, net::OpContext* ctx) override {
     return complete(rank, len, ctx);
   }
 
@@ -106,10 +107,10 @@ class ScriptedTransport final : public net::Transport {
   struct Posted {
     unsigned char* buf;
     std::size_t len;
-    detail::OpContext* ctx;
+    net::OpContext* ctx;
   };
 
-  int complete(int rank, std::size_t len, detail::OpContext* ctx) {
+  int complete(int rank, std::size_t len, net::OpContext* ctx) {
     net::Event ev;
     ev.context = ctx;
     ev.rank = rank;

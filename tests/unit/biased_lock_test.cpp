@@ -1,6 +1,6 @@
-// BiasedLock (net/biased_lock.hpp): mutual exclusion while the bias moves between threads and
+// BiasedLock (common/biased_lock.hpp): mutual exclusion while the bias moves between threads and
 // after it is revoked; the bias follows a thread that takes over, until the tenures run out.
-#include "net/biased_lock.hpp"
+#include "common/biased_lock.hpp"
 
 #include <gtest/gtest.h>
 
@@ -14,8 +14,8 @@
 
 namespace {
 
-using ferry::net::BiasedGuard;
-using ferry::net::BiasedLock;
+using ferry::detail::BiasedGuard;
+using ferry::detail::BiasedLock;
 
 // Threads increment a plain counter under the lock and mark the section occupied; an entry
 // that finds it occupied, or a lost increment, is a broken exclusion. Many fresh locks, so

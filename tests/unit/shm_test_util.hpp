@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "ferry/error.hpp"
+#include "core/op_context.hpp"
 #include "net/shm/shm_transport.hpp"
 #include "test_scale.hpp"
 

@@ -305,7 +305,7 @@ TEST(ShmTransport, ManyThreadsPostConcurrently) {
       *t,
       [&](const Event& e) {
         if (e.context >= &rctx[0] && e.context < &rctx[kRecvs]) {
-          const auto i = static_cast<std::size_t>(e.context - &rctx[0]);
+          const auto i = static_cast<std::size_t>(ferry::detail::OpContext::of(e.context) - &rctx[0]);
           const std::uint64_t th = rbuf[i][0], seq = rbuf[i][1];
           if (e.error != 0 || e.length != 16 || th >= kThreads || seq != next[th]) {
             if (ok) ADD_FAILURE() << "thread " << th << " message " << seq << " (error " << e.error << ")";
@@ -320,7 +320,7 @@ TEST(ShmTransport, ManyThreadsPostConcurrently) {
         for (int th = 0; th < kThreads; ++th) {
           const auto& v = send_ctx[th];
           if (e.context >= &v.front() && e.context <= &v.back()) {
-            char& s = seen[th][static_cast<std::size_t>(e.context - &v.front())];
+            char& s = seen[th][static_cast<std::size_t>(ferry::detail::OpContext::of(e.context) - &v.front())];
             if (s != 0 && ok) ADD_FAILURE() << "a send event came twice";
             s = 1;
             ++send_events;

@@ -389,7 +389,7 @@ TEST(ShmTransportTwoProcesses, ManyThreadsSendAcrossProcesses) {
     const bool done = poll_until(
         *t,
         [&](const Event& e) {
-          const auto i = static_cast<std::size_t>(e.context - &rctx[0]);
+          const auto i = static_cast<std::size_t>(ferry::detail::OpContext::of(e.context) - &rctx[0]);
           if (i >= kRecvs) {
             if (ok) ADD_FAILURE() << "an event with an unknown context";
             ok = false;

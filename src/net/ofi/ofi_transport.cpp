@@ -13,12 +13,12 @@
 #include "common/log.hpp"
 #include "common/spinlock.hpp"
 #include "ferry/error.hpp"
-#include "net/abandon.hpp"
+#include "net/util/abandon.hpp"
 
 namespace ferry::net::ofi {
 
-static_assert(sizeof(fi_context2) <= detail::OpContext::kBackendBytes);
-static_assert(offsetof(detail::OpContext, backend) == 0,
+static_assert(sizeof(fi_context2) <= OpContext::kBackendBytes);
+static_assert(offsetof(OpContext, backend) == 0,
               "libfabric's context pointer is the OpContext pointer: events need no lookup");
 
 namespace {
@@ -63,12 +63,7 @@ class OfiRegistration final : public Registration {
   fid_mr* mr_;
 };
 
-inline void* fi_ctx(detail::OpContext* ctx) noexcept { return ctx->backend; }
-
-inline bool is_rma(const detail::OpContext* c) noexcept {
-  const detail::CtxKind k = c->kind();
-  return k == detail::CtxKind::rma_single || k == detail::CtxKind::rma_chunk || k == detail::CtxKind::rdv_read;
-}
+inline void* fi_ctx(OpContext* ctx) noexcept { return ctx->backend; }
 
 class OfiTransport final : public Transport {
  public:
@@ -103,19 +98,19 @@ class OfiTransport final : public Transport {
   int inject(int rank, const void* buf, std::size_t len) override {
     return to_errno(fi_inject(endpoint_.ep(), buf, len, to_[rank]));
   }
-  int send(int rank, const void* buf, std::size_t len, void* desc, detail::OpContext* ctx) override {
+  int send(int rank, const void* buf, std::size_t len, void* desc, OpContext* ctx) override {
     return to_errno(fi_send(endpoint_.ep(), buf, len, desc, to_[rank], fi_ctx(ctx)));
   }
-  int post_recv(void* buf, std::size_t len, void* desc, detail::OpContext* ctx) override {
+  int post_recv(void* buf, std::size_t len, void* desc, OpContext* ctx) override {
     return to_errno(fi_recv(endpoint_.ep(), buf, len, desc, FI_ADDR_UNSPEC, fi_ctx(ctx)));
   }
   int put(int rank, const void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
-          detail::OpContext* ctx) override {
+          OpContext* ctx) override {
     track(ctx, rank);
     return tracked_result(ctx, fi_write(endpoint_.ep(), buf, len, desc, to_[rank], addr, key, fi_ctx(ctx)));
   }
   int put_data(int rank, const void* buf, std::size_t len, void* desc, std::uint64_t data, std::uint64_t addr,
-               std::uint64_t key, detail::OpContext* ctx) override {
+               std::uint64_t key, OpContext* ctx) override {
     track(ctx, rank);
     return tracked_result(ctx, fi_writedata(endpoint_.ep(), buf, len, desc, data, to_[rank], addr, key, fi_ctx(ctx)));
   }
@@ -123,7 +118,7 @@ class OfiTransport final : public Transport {
     return to_errno(fi_inject_write(endpoint_.ep(), buf, len, to_[rank], addr, key));
   }
   int get(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
-          detail::OpContext* ctx) override {
+          OpContext* ctx) override {
     track(ctx, rank);
     return tracked_result(ctx, fi_read(endpoint_.ep(), buf, len, desc, to_[rank], addr, key, fi_ctx(ctx)));
   }
@@ -151,7 +146,7 @@ class OfiTransport final : public Transport {
         // Every post ferry makes carries a context: an entry without one (and not a remote
         // write) is not ferry's to dispatch.
         if (e.op_context == nullptr && !remote_write) continue;
-        if (!remote_write && settle(static_cast<detail::OpContext*>(e.op_context))) continue;
+        if (!remote_write && settle(static_cast<OpContext*>(e.op_context))) continue;
         Event& out = events[out_n++];
         out.length = e.len;
         out.error = 0;
@@ -166,7 +161,7 @@ class OfiTransport final : public Transport {
         if (out.remote_write && !caps_.remote_data_consumes_recv) {
           out.context = nullptr;
         } else {
-          out.context = static_cast<detail::OpContext*>(e.op_context);
+          out.context = static_cast<OpContext*>(e.op_context);
         }
       }
       return out_n;
@@ -187,9 +182,9 @@ class OfiTransport final : public Transport {
       }
       return 0;
     }
-    if (settle(static_cast<detail::OpContext*>(err.op_context))) return 0;
+    if (settle(static_cast<OpContext*>(err.op_context))) return 0;
     Event& out = events[0];
-    out.context = static_cast<detail::OpContext*>(err.op_context);
+    out.context = static_cast<OpContext*>(err.op_context);
     out.length = err.len;
     out.data = err.data;
     out.rank = -1;
@@ -214,14 +209,15 @@ class OfiTransport final : public Transport {
     return a < from_.size() ? from_[a] : -1;
   }
 
-  // RMA tracking (net/abandon.hpp): posts by any thread.
-  void track(detail::OpContext* ctx, int rank) { rma_.track(ctx, rank); }
-  int tracked_result(detail::OpContext* ctx, long rc) noexcept {
+  // RMA tracking (net/util/abandon.hpp): posts by any thread.
+  void track(OpContext* ctx, int rank) { rma_.track(ctx, rank); }
+  int tracked_result(OpContext* ctx, long rc) noexcept {
     if (rc != 0) rma_.untrack(ctx);
     return to_errno(rc);
   }
   // A provider completion of `ctx`: true when it was abandoned already (the event is dropped).
-  bool settle(detail::OpContext* ctx) noexcept { return is_rma(ctx) && rma_.settle(ctx); }
+  // A message's completion, with no RMA operation tracked, costs one relaxed load (tracking()).
+  bool settle(OpContext* ctx) noexcept { return rma_.tracking() && rma_.settle(ctx); }
 
   Endpoint endpoint_;
   std::vector<fi_addr_t> to_;  // by rank; written by connect, read-only afterwards

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "net/backend.hpp"
-#include "net/shm/cma.hpp"
+#include "net/util/cma.hpp"
 #include "net/shm/shm_transport.hpp"
 
 namespace ferry::net {
@@ -24,7 +24,7 @@ std::string thp_mode() {
 // "cma" or "copy (...)", then what the pushed rendezvous gets from the kernel: receive blocks
 // from FERRY_RECV_HUGE on are advised onto 2 MiB pages, which only "always" or "madvise" grant.
 std::string large_data_path() {
-  std::string out = shm::describe_cma();
+  std::string out = describe_cma();
   const std::string thp = thp_mode();
   if (thp == "always" || thp == "madvise") {
     out += "; transparent huge pages: " + thp + " (large receive blocks on 2 MiB pages, FERRY_RECV_HUGE)";

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/op_context.hpp"
+#include "net/op_context.hpp"
 #include "net/shm/shm_transport.hpp"
 
 namespace ferry::net::shm {
@@ -24,7 +24,7 @@ constexpr std::uint64_t kSlotFree = 0, kSlotClaimed = 1, kSlotArmed = 2;
 // so a reply sees the fields as written. The poll thread frees it (release) after its event.
 struct ShmTransport::GetSlot {
   std::atomic<std::uint64_t> state{0};
-  detail::OpContext* ctx = nullptr;
+  OpContext* ctx = nullptr;
   unsigned char* buf = nullptr;
   std::uint64_t len = 0;
   std::uint64_t received = 0;  // poll-lock holder only

@@ -34,13 +34,13 @@ int ShmTransport::inject_parts(int rank, const void* head, std::size_t head_len,
 // One part: the class is final, so this call is direct and inlined.
 int ShmTransport::inject(int rank, const void* buf, std::size_t len) { return inject_parts(rank, buf, len, nullptr, 0); }
 
-int ShmTransport::send(int rank, const void* buf, std::size_t len, void*, detail::OpContext* ctx) {
+int ShmTransport::send(int rank, const void* buf, std::size_t len, void*, OpContext* ctx) {
   const int rc = inject(rank, buf, len);
   if (rc == 0) complete(ctx, len, rank, 0);
   return rc;
 }
 
-int ShmTransport::post_recv(void* buf, std::size_t len, void*, detail::OpContext* ctx) {
+int ShmTransport::post_recv(void* buf, std::size_t len, void*, OpContext* ctx) {
   auto* n = new (ctx->backend) RecvNode{};
   n->ctx = ctx;
   n->buf = static_cast<unsigned char*>(buf);

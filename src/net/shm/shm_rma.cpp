@@ -13,7 +13,7 @@
 
 #include "common/log.hpp"
 #include "ferry/error.hpp"
-#include "net/shm/cma.hpp"
+#include "net/util/cma.hpp"
 #include "net/shm/get_slots.hpp"
 
 namespace ferry::net::shm {
@@ -36,7 +36,7 @@ class ShmRegistration final : public Registration {
 // --- RMA -----------------------------------------------------------------------------------
 
 int ShmTransport::put(int rank, const void* buf, std::size_t len, void*, std::uint64_t addr, std::uint64_t,
-                      detail::OpContext* ctx) {
+                      OpContext* ctx) {
   Peer* p = peer(rank);
   if (p == nullptr) return -EHOSTUNREACH;
   switch (p->mode) {
@@ -53,7 +53,7 @@ int ShmTransport::put(int rank, const void* buf, std::size_t len, void*, std::ui
 }
 
 int ShmTransport::put_data(int rank, const void* buf, std::size_t len, void*, std::uint64_t data,
-                           std::uint64_t addr, std::uint64_t, detail::OpContext* ctx) {
+                           std::uint64_t addr, std::uint64_t, OpContext* ctx) {
   Peer* p = peer(rank);
   if (p == nullptr) return -EHOSTUNREACH;
   if (p->mode == Mode::copy) return start_copy_put(rank, buf, len, addr, true, data, ctx);
@@ -112,7 +112,7 @@ int ShmTransport::inject_put(int rank, const void* buf, std::size_t len, std::ui
 }
 
 int ShmTransport::get(int rank, void* buf, std::size_t len, void*, std::uint64_t addr, std::uint64_t,
-                      detail::OpContext* ctx) {
+                      OpContext* ctx) {
   Peer* p = peer(rank);
   if (p == nullptr) return -EHOSTUNREACH;
   if (p->mode == Mode::self) {
@@ -132,7 +132,7 @@ int ShmTransport::get(int rank, void* buf, std::size_t len, void*, std::uint64_t
 }
 
 int ShmTransport::get_pushed(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
-                             detail::OpContext* ctx) {
+                             OpContext* ctx) {
   Peer* p = peer(rank);
   if (p == nullptr) return -EHOSTUNREACH;
   if (p->mode != Mode::cma || len == 0) return get(rank, buf, len, desc, addr, key, ctx);
@@ -142,7 +142,7 @@ int ShmTransport::get_pushed(int rank, void* buf, std::size_t len, void* desc, s
 // A get the target serves from its poll: a slot for the request, then the request's cell
 // ([bytes wanted] for a reply in cells, [bytes wanted][destination] for a write).
 int ShmTransport::request_get(Peer& p, int rank, void* buf, std::size_t len, std::uint64_t addr, bool push,
-                              detail::OpContext* ctx) noexcept {
+                              OpContext* ctx) noexcept {
   const std::uint64_t start = get_hint_.fetch_add(1, std::memory_order_relaxed);
   GetSlot* slot = nullptr;
   std::size_t index = 0;
@@ -182,7 +182,7 @@ int ShmTransport::request_get(Peer& p, int rank, void* buf, std::size_t len, std
 }
 
 int ShmTransport::start_copy_put(int rank, const void* buf, std::size_t len, std::uint64_t addr, bool notify,
-                                 std::uint64_t data, detail::OpContext* ctx) noexcept {
+                                 std::uint64_t data, OpContext* ctx) noexcept {
   auto* n = new (ctx->backend) PutNode{};
   n->ctx = ctx;
   n->src = static_cast<const unsigned char*>(buf);

@@ -15,7 +15,7 @@
 
 #include "common/log.hpp"
 #include "ferry/error.hpp"
-#include "net/shm/cma.hpp"
+#include "net/util/cma.hpp"
 #include "net/shm/get_slots.hpp"
 
 namespace ferry::net {

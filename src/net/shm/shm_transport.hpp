@@ -83,20 +83,20 @@ namespace shm {
 // Each is placement-constructed there at the step that needs it; the previous one is dead.
 struct DoneNode {  // a local completion waiting for poll
   std::atomic<DoneNode*> next{nullptr};
-  detail::OpContext* ctx = nullptr;
+  OpContext* ctx = nullptr;
   std::uint64_t length = 0;
   std::int32_t rank = -1;
   std::int32_t error = 0;
 };
 struct RecvNode {  // a posted receive
   RecvNode* next = nullptr;
-  detail::OpContext* ctx = nullptr;
+  OpContext* ctx = nullptr;
   unsigned char* buf = nullptr;
   std::size_t len = 0;
 };
 struct PutNode {  // a put still pushing chunks (copy mode) or its put_data notice
   std::atomic<PutNode*> next{nullptr};
-  detail::OpContext* ctx = nullptr;
+  OpContext* ctx = nullptr;
   const unsigned char* src = nullptr;
   std::uint64_t len = 0;
   std::uint64_t addr = 0;
@@ -105,9 +105,9 @@ struct PutNode {  // a put still pushing chunks (copy mode) or its put_data noti
   std::int32_t rank = -1;
   std::uint32_t notify = 0;  // a put_data: a remote-write cell follows the chunks
 };
-static_assert(sizeof(DoneNode) <= detail::OpContext::kBackendBytes && alignof(DoneNode) <= 8);
-static_assert(sizeof(RecvNode) <= detail::OpContext::kBackendBytes && alignof(RecvNode) <= 8);
-static_assert(sizeof(PutNode) <= detail::OpContext::kBackendBytes && alignof(PutNode) <= 8);
+static_assert(sizeof(DoneNode) <= OpContext::kBackendBytes && alignof(DoneNode) <= 8);
+static_assert(sizeof(RecvNode) <= OpContext::kBackendBytes && alignof(RecvNode) <= 8);
+static_assert(sizeof(PutNode) <= OpContext::kBackendBytes && alignof(PutNode) <= 8);
 
 class ShmTransport final : public Transport {
  public:
@@ -119,19 +119,19 @@ class ShmTransport final : public Transport {
   void connected() override;
 
   int inject(int rank, const void* buf, std::size_t len) override;
-  int send(int rank, const void* buf, std::size_t len, void* desc, detail::OpContext* ctx) override;
-  int post_recv(void* buf, std::size_t len, void* desc, detail::OpContext* ctx) override;
+  int send(int rank, const void* buf, std::size_t len, void* desc, OpContext* ctx) override;
+  int post_recv(void* buf, std::size_t len, void* desc, OpContext* ctx) override;
   int put(int rank, const void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
-          detail::OpContext* ctx) override;
+          OpContext* ctx) override;
   int put_data(int rank, const void* buf, std::size_t len, void* desc, std::uint64_t data, std::uint64_t addr,
-               std::uint64_t key, detail::OpContext* ctx) override;
+               std::uint64_t key, OpContext* ctx) override;
   int inject_put(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key) override;
   int get(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
-          detail::OpContext* ctx) override;
+          OpContext* ctx) override;
   // With cross-memory attach to `rank`: a request that rank's poll serves by one
   // process_vm_writev into `buf`, then a "get done" cell. Otherwise get().
   int get_pushed(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
-                 detail::OpContext* ctx) override;
+                 OpContext* ctx) override;
   int poll(Event* events, int max) override;
   bool lend_receives() override;
   int inject_parts(int rank, const void* head, std::size_t head_len, const void* body, std::size_t body_len) override;
@@ -184,7 +184,7 @@ class ShmTransport final : public Transport {
     return p->mode == Mode::none ? nullptr : p;
   }
   // A local completion for a later poll: inline, for send and the RMA posts of other files.
-  void complete(detail::OpContext* ctx, std::size_t length, int rank, int error) noexcept {
+  void complete(OpContext* ctx, std::size_t length, int rank, int error) noexcept {
     auto* n = new (ctx->backend) DoneNode{};
     n->ctx = ctx;
     n->length = length;
@@ -193,7 +193,7 @@ class ShmTransport final : public Transport {
     done_.push(n);
   }
   int start_copy_put(int rank, const void* buf, std::size_t len, std::uint64_t addr, bool notify, std::uint64_t data,
-                     detail::OpContext* ctx) noexcept;
+                     OpContext* ctx) noexcept;
   bool push_put(PutNode& n) noexcept;
   void progress_puts() noexcept;
   void progress_serves() noexcept;
@@ -203,7 +203,7 @@ class ShmTransport final : public Transport {
   bool on_get_reply(CellHeader* c, std::uint32_t len, int src, Event& ev) noexcept;
   bool on_get_done(CellHeader* c, int src, Event& ev) noexcept;
   int request_get(Peer& p, int rank, void* buf, std::size_t len, std::uint64_t addr, bool push,
-                  detail::OpContext* ctx) noexcept;
+                  OpContext* ctx) noexcept;
   bool serve_push(Serve& s, CellQueue& q) noexcept;
   int abandon_gets(Event* events, int max) noexcept;
 

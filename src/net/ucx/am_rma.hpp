@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "common/spinlock.hpp"
-#include "core/op_context.hpp"
+#include "net/op_context.hpp"
 
 namespace ferry::net::ucx {
 
@@ -123,7 +123,7 @@ class RmaOps {
   struct Op {
     void* owner = nullptr;  // the transport, for the send's callback (its user data is the Op)
     std::uint64_t id = 0;   // 0: free
-    detail::OpContext* ctx = nullptr;
+    OpContext* ctx = nullptr;
     std::int32_t rank = -1;
     bool sending = false;   // UCX has not completed the send yet
     bool awaiting = false;  // the target's answer has not come
@@ -159,7 +159,7 @@ class RmaOps {
   }
 
   // A free slot for an operation to `rank`, or null when all are in flight (-EAGAIN).
-  Op* claim(detail::OpContext* ctx, int rank, bool awaiting) noexcept {
+  Op* claim(OpContext* ctx, int rank, bool awaiting) noexcept {
     if (free_.empty()) return nullptr;
     const std::uint32_t slot = free_.back();
     free_.pop_back();

@@ -32,7 +32,7 @@ int UcxTransport::inject(int rank, const void* buf, std::size_t len) {
   return 0;
 }
 
-int UcxTransport::send(int rank, const void* buf, std::size_t len, void*, detail::OpContext* ctx) {
+int UcxTransport::send(int rank, const void* buf, std::size_t len, void*, OpContext* ctx) {
   if (__builtin_expect(rank == rank_, 0)) return loop_send(buf, len, ctx);
   const PostHold hold(*this, rank);
   ucp_ep_h ep = hold.get();
@@ -45,7 +45,7 @@ int UcxTransport::send(int rank, const void* buf, std::size_t len, void*, detail
 
 // The oldest held message, if any, fills the receive at once; otherwise it waits for the
 // data callback (on_data).
-int UcxTransport::post_recv(void* buf, std::size_t len, void*, detail::OpContext* ctx) {
+int UcxTransport::post_recv(void* buf, std::size_t len, void*, OpContext* ctx) {
   OpState& st = state(ctx);
   st.transport = this;
   st.rank = -1;
@@ -60,7 +60,7 @@ int UcxTransport::post_recv(void* buf, std::size_t len, void*, detail::OpContext
     const Held taken = held_.front();
     held_.pop_front();
     fill(ctx, taken.data, taken.length);
-    const BiasedGuard guard(lock_);
+    const detail::BiasedGuard guard(lock_);
     release(taken);
   } else if (fill_ == nullptr) {
     fill_ = ctx;
@@ -82,7 +82,7 @@ int UcxTransport::poll(Event* events, int max) {
     if (n > 0) return n;
   }
   {
-    const BiasedGuard guard(lock_);
+    const detail::BiasedGuard guard(lock_);
     UcxTransport* const outer = progressing_;
     progressing_ = this;  // the data callback hands messages over only inside this call
     ucp_worker_progress(worker_);
@@ -96,7 +96,7 @@ int UcxTransport::poll(Event* events, int max) {
   // Receives in posting order, which is the order the data callback filled them (arrival
   // order, the order sent per sender); a done receive behind one not done waits for it.
   while (n < max && recv_head_ != nullptr && done_flag(state(recv_head_)).load(std::memory_order_acquire) != 0) {
-    detail::OpContext* c = recv_head_;
+    OpContext* c = recv_head_;
     const OpState& st = state(c);
     recv_head_ = st.next;
     if (recv_head_ == nullptr) recv_tail_ = nullptr;
@@ -121,7 +121,7 @@ int UcxTransport::poll(Event* events, int max) {
 }
 
 void UcxTransport::cancel_all() noexcept {
-  const BiasedGuard guard(lock_);
+  const detail::BiasedGuard guard(lock_);
   cancel_all_held();
 }
 
@@ -138,7 +138,7 @@ void UcxTransport::on_sent(void* request, ucs_status_t status, void* user) {
     ucp_request_free(request);
     return;
   }
-  auto* ctx = static_cast<detail::OpContext*>(user);
+  auto* ctx = static_cast<OpContext*>(user);
   state(ctx).transport->push(completed(ctx, state(ctx).rank, to_errno(status)));
   ucp_request_free(request);
 }
@@ -158,7 +158,7 @@ ucs_status_t UcxTransport::on_data(void* arg, const void*, std::size_t header_le
     return UCS_OK;  // a rendezvous one is declined by returning (UCX answers its sender)
   }
   if (__builtin_expect(t->fill_ != nullptr, 1)) {
-    detail::OpContext* c = t->fill_;
+    OpContext* c = t->fill_;
     t->fill_ = state(c).next;  // before fill(): once done, the poll may hand c back to the core
     t->fill(c, data, length);
     // Inside poll, with every earlier receive already handed over (the order stays the

@@ -4,17 +4,17 @@
 // messages (ucx_rma_over_am.cpp).
 #include "net/ucx/ucx_transport.hpp"
 
-#include "net/shm/cma.hpp"
+#include "net/util/cma.hpp"
 
 namespace ferry::net::ucx {
 
 int UcxTransport::put(int rank, const void* buf, std::size_t len, void*, std::uint64_t addr, std::uint64_t key,
-                      detail::OpContext* ctx) {
+                      OpContext* ctx) {
   return put_flushed(rank, buf, len, addr, key, ctx, op_put, 0);
 }
 
 int UcxTransport::put_data(int rank, const void* buf, std::size_t len, void*, std::uint64_t data, std::uint64_t addr,
-                           std::uint64_t key, detail::OpContext* ctx) {
+                           std::uint64_t key, OpContext* ctx) {
   return put_flushed(rank, buf, len, addr, key, ctx, op_put_data, data);
 }
 
@@ -22,7 +22,7 @@ int UcxTransport::inject_put(int rank, const void* buf, std::size_t len, std::ui
   // A cross-memory-attach copy does not touch the worker: it runs outside the worker lock.
   if (am_rma(rank) && cma_pid(rank) != 0) {
     if (ep_of(rank) == nullptr) return -EHOSTDOWN;
-    return len > kInjectSize ? -EMSGSIZE : shm::cma_write(cma_pid(rank), buf, len, addr);
+    return len > kInjectSize ? -EMSGSIZE : cma_write(cma_pid(rank), buf, len, addr);
   }
   const PostHold hold(*this, rank);
   ucp_ep_h ep = hold.get();
@@ -45,11 +45,11 @@ int UcxTransport::inject_put(int rank, const void* buf, std::size_t len, std::ui
 }
 
 int UcxTransport::get(int rank, void* buf, std::size_t len, void*, std::uint64_t addr, std::uint64_t key,
-                      detail::OpContext* ctx) {
+                      OpContext* ctx) {
   if (am_rma(rank) && cma_pid(rank) != 0) {  // outside the worker lock, as in inject_put
     if (ep_of(rank) == nullptr) return -EHOSTDOWN;
     start_local(ctx, rank, op_get);
-    push(completed(ctx, rank, shm::cma_read(cma_pid(rank), buf, len, addr)));
+    push(completed(ctx, rank, cma_read(cma_pid(rank), buf, len, addr)));
     return 0;
   }
   const PostHold hold(*this, rank);
@@ -68,7 +68,7 @@ int UcxTransport::get(int rank, void* buf, std::size_t len, void*, std::uint64_t
 // to others, and to this rank itself (UCX's `self` transport would run the request's callback
 // inside this call, beside the poll that owns pushes_), a get.
 int UcxTransport::get_pushed(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
-                             detail::OpContext* ctx) {
+                             OpContext* ctx) {
   if (rank == rank_ || !am_rma(rank) || cma_pid(rank) == 0 || len == 0) return get(rank, buf, len, desc, addr, key, ctx);
   const PostHold hold(*this, rank);
   ucp_ep_h ep = hold.get();
@@ -79,7 +79,7 @@ int UcxTransport::get_pushed(int rank, void* buf, std::size_t len, void* desc, s
 // put and put_data: the put, then a flush of the endpoint whose completion is the event (the
 // data is then at the target); put_data's flush also sends the notification.
 int UcxTransport::put_flushed(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key,
-                              detail::OpContext* ctx, OpKindUcx kind, std::uint64_t data) {
+                              OpContext* ctx, OpKindUcx kind, std::uint64_t data) {
   if (am_rma(rank) && cma_pid(rank) != 0) {
     if (ep_of(rank) == nullptr) return -EHOSTDOWN;
     // The bytes are at the target when the write returns (copied outside the worker lock, as
@@ -87,12 +87,12 @@ int UcxTransport::put_flushed(int rank, const void* buf, std::size_t len, std::u
     OpState& st = start_local(ctx, rank, kind);
     st.data = data;
     st.length = len;
-    const int rc = shm::cma_write(cma_pid(rank), buf, len, addr);
+    const int rc = cma_write(cma_pid(rank), buf, len, addr);
     if (rc != 0) {
       push(completed(ctx, rank, rc));
       return 0;
     }
-    const BiasedGuard guard(lock_);
+    const detail::BiasedGuard guard(lock_);
     flushed(ctx, UCS_OK);  // finds the endpoint gone if the peer failed meanwhile
     return 0;
   }
@@ -131,12 +131,12 @@ void UcxTransport::on_flushed(void* request, ucs_status_t status, void* user) {
     ucp_request_free(request);
     return;
   }
-  auto* ctx = static_cast<detail::OpContext*>(user);
+  auto* ctx = static_cast<OpContext*>(user);
   state(ctx).transport->flushed(ctx, status);
   ucp_request_free(request);
 }
 
-void UcxTransport::flushed(detail::OpContext* ctx, ucs_status_t status) noexcept {
+void UcxTransport::flushed(OpContext* ctx, ucs_status_t status) noexcept {
   OpState& st = state(ctx);
   const int rank = st.rank;
   if (status == UCS_OK && st.kind == op_put_data) {

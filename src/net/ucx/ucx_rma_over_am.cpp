@@ -4,13 +4,13 @@
 // a peer on this host), and pushed gets written by cross-memory attach.
 #include "net/ucx/ucx_transport.hpp"
 
-#include "net/shm/cma.hpp"
+#include "net/util/cma.hpp"
 
 namespace ferry::net::ucx {
 
 // put and put_data (ctx set), inject_put (ctx null: its bytes copied into the slot, no event).
 int UcxTransport::am_put(int rank, ucp_ep_h ep, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key,
-                         detail::OpContext* ctx, OpKindUcx kind, std::uint64_t data) {
+                         OpContext* ctx, OpKindUcx kind, std::uint64_t data) {
   const bool inject = ctx == nullptr;
   unsigned char* bounce = nullptr;  // inject_put's bytes, returned to the pool when sent
   if (inject) {
@@ -43,7 +43,7 @@ int UcxTransport::am_put(int rank, ucp_ep_h ep, const void* buf, std::size_t len
 }
 
 int UcxTransport::am_get(int rank, ucp_ep_h ep, void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key,
-                         detail::OpContext* ctx, bool push) {
+                         OpContext* ctx, bool push) {
   RmaOps::Op* op = nullptr;
   {
     std::lock_guard<detail::SpinLock> g(ops_.lock());
@@ -78,7 +78,7 @@ int UcxTransport::am_posted(RmaOps::Op* op, void* r) {
     return 0;
   }
   if (UCS_PTR_IS_ERR(r)) {
-    detail::OpContext* ctx = nullptr;
+    OpContext* ctx = nullptr;
     unsigned char* bounce = nullptr;
     {
       std::lock_guard<detail::SpinLock> g(ops_.lock());
@@ -165,7 +165,7 @@ ucs_status_t UcxTransport::on_get_reply(void* arg, const void* header, std::size
   RmaReply a;
   std::memcpy(&a, header, sizeof(a));
   const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-  detail::OpContext* ctx = nullptr;
+  OpContext* ctx = nullptr;
   unsigned char* buffer = nullptr;
   int rank = -1;
   int error = wire_error(a.error);
@@ -210,7 +210,7 @@ ucs_status_t UcxTransport::on_get_reply(void* arg, const void* header, std::size
 
 void UcxTransport::on_get_data(void* request, ucs_status_t status, std::size_t, void* user) {
   if (tearing_down_ == nullptr) {
-    auto* ctx = static_cast<detail::OpContext*>(user);
+    auto* ctx = static_cast<OpContext*>(user);
     state(ctx).transport->push(completed(ctx, state(ctx).rank, to_errno(status)));
   }
   ucp_request_free(request);
@@ -335,11 +335,11 @@ ucs_status_t UcxTransport::on_get_push(void* arg, const void* header, std::size_
 // only ask for bytes it may read to be written into its own process), then its answer.
 void UcxTransport::serve_pushes() {
   for (const Push& q : pushes_) {
-    const int rc = shm::cma_write(cma_pid(q.from), reinterpret_cast<const void*>(q.addr), q.length, q.dest);
+    const int rc = cma_write(cma_pid(q.from), reinterpret_cast<const void*>(q.addr), q.length, q.dest);
     answer(Answer{kAmPushDone, q.from, RmaReply{rank_, rc, q.id, 0}, 0, 0});
   }
   pushes_.clear();
-  const BiasedGuard guard(lock_);
+  const detail::BiasedGuard guard(lock_);
   send_answers();
 }
 
@@ -350,7 +350,7 @@ ucs_status_t UcxTransport::on_push_done(void* arg, const void* header, std::size
   if (tearing_down_ != nullptr || header_length != sizeof(RmaReply)) return UCS_OK;
   RmaReply a;
   std::memcpy(&a, header, sizeof(a));
-  detail::OpContext* ctx = nullptr;
+  OpContext* ctx = nullptr;
   int rank = -1;
   int error = wire_error(a.error);
   {

@@ -6,7 +6,7 @@
 #include <charconv>
 
 #include "ferry/error.hpp"
-#include "net/shm/cma.hpp"
+#include "net/util/cma.hpp"
 
 namespace ferry::net::ucx {
 
@@ -50,7 +50,7 @@ UcxTransport::UcxTransport(Context& context, const TransportParams& p)
 std::string UcxTransport::address() const {
   ucp_address_t* a = nullptr;
   std::size_t len = 0;
-  const BiasedGuard guard(lock_);
+  const detail::BiasedGuard guard(lock_);
   const ucs_status_t s = ucp_worker_get_address(worker_, &a, &len);
   if (s != UCS_OK) throw Error("FERRY_TRANSPORT=ucx: " + ucs_error("ucp_worker_get_address", s));
   static const char* hex = "0123456789abcdef";
@@ -70,7 +70,7 @@ std::string UcxTransport::address() const {
 }
 
 void UcxTransport::connect(const std::vector<std::string>& addresses) {
-  const BiasedGuard guard(lock_);
+  const detail::BiasedGuard guard(lock_);
   const std::vector<bool>& away = away_;
   eps_ = std::vector<std::atomic<ucp_ep_h>>(addresses.size());
   am_rma_.assign(addresses.size(), 0);
@@ -109,7 +109,7 @@ void UcxTransport::connect(const std::vector<std::string>& addresses) {
 }
 
 void UcxTransport::close() noexcept {
-  const BiasedGuard guard(lock_);
+  const detail::BiasedGuard guard(lock_);
   close_held();
 }
 
@@ -175,7 +175,7 @@ void UcxTransport::peer_failed(int rank) {
   // below is ours; later ones see no endpoint (PostHold).
   ucp_ep_h ep = eps_[static_cast<std::size_t>(rank)].exchange(nullptr, std::memory_order_acq_rel);
   if (ep == nullptr) return;
-  const BiasedGuard guard(lock_);
+  const detail::BiasedGuard guard(lock_);
   // Force-closing makes UCX complete what is queued to the peer now (UCS_ERR_CANCELED) and
   // drops the endpoint before UCX finds it broken. (Keeping failed peers' endpoints open until
   // teardown instead let UCX abort the process, "Endpoint timeout", in the AMT failure test
@@ -203,7 +203,7 @@ pid_t UcxTransport::cma_peer(int r, const std::string& address) const {
   }
   const auto pid = static_cast<pid_t>(field[0]);
   ok = ok && field[0] > 0 && static_cast<std::uint64_t>(pid) == field[0];
-  const int rc = ok ? shm::cma_probe(pid, field[1], field[2]) : -EINVAL;
+  const int rc = ok ? cma_probe(pid, field[1], field[2]) : -EINVAL;
   if (rc == 0) return pid;
   if (copy_ == ShmCopy::cma) {
     throw Error("FERRY_SHM_COPY=cma: ucx's cross-memory attach to rank " + std::to_string(r) + " failed (" +

@@ -46,7 +46,7 @@
 //    another device) while another thread holding that lock posts here would deadlock.
 //  - Thread mode: UCS_THREAD_MODE_SERIALIZED. Under the lockless model, whose posts run
 //    beside the poll, ferry's own biased lock guards every call into the worker (the thread
-//    that drives the device alone takes it without an atomic; net/biased_lock.hpp); under the
+//    that drives the device alone takes it without an atomic; common/biased_lock.hpp); under the
 //    models that let one thread at a time in, nothing does.
 //  - Failure: ferry's liveness decides that a peer failed (heartbeats, the launcher);
 //    peer_failed() force-closes its endpoint under the worker lock (PostHold), so UCX
@@ -78,9 +78,9 @@
 #include "common/mpmc_ring.hpp"
 #include "common/small_copy.hpp"
 #include "common/spinlock.hpp"
-#include "core/op_context.hpp"
-#include "net/abandon.hpp"
-#include "net/biased_lock.hpp"
+#include "net/op_context.hpp"
+#include "net/util/abandon.hpp"
+#include "common/biased_lock.hpp"
 #include "net/transport.hpp"
 #include "net/ucx/am_rma.hpp"
 #include "net/ucx/ucp.hpp"
@@ -130,7 +130,7 @@ struct OpState {
   std::uint64_t data;    // put_data: the notification's data; a receive: its buffer's capacity
   std::uint64_t length;  // put_data: bytes written; a receive: bytes received, once done
   void* buffer;          // a receive's buffer
-  detail::OpContext* next;  // posted receives, in posting order (the poll lock holder's)
+  OpContext* next;  // posted receives, in posting order (the poll lock holder's)
   std::int32_t error;       // a receive's outcome, once done
   // A receive's completion flag, through done_flag(). Written and read by the poll lock
   // holder only (the data callback runs inside its poll; messages to this rank go around UCX),
@@ -138,7 +138,7 @@ struct OpState {
   // on x86 it compiles to the plain store and load a relaxed pair would.
   std::int32_t done;
 };
-static_assert(sizeof(OpState) <= detail::OpContext::kBackendBytes);
+static_assert(sizeof(OpState) <= OpContext::kBackendBytes);
 enum OpKindUcx : std::int32_t { op_send = 0, op_recv = 1, op_put = 2, op_put_data = 3, op_get = 4 };
 
 // A message that arrived while no receive was posted: UCX's descriptor (released with
@@ -149,7 +149,7 @@ struct Held {
   bool copy;
 };
 
-inline OpState& state(detail::OpContext* c) noexcept { return *reinterpret_cast<OpState*>(c->backend); }
+inline OpState& state(OpContext* c) noexcept { return *reinterpret_cast<OpState*>(c->backend); }
 inline std::atomic_ref<std::int32_t> done_flag(OpState& st) noexcept { return std::atomic_ref<std::int32_t>(st.done); }
 
 class UcxTransport final : public Transport {
@@ -163,19 +163,19 @@ class UcxTransport final : public Transport {
 
   // ---- messages (ucx_messages.cpp) ----
   int inject(int rank, const void* buf, std::size_t len) override;
-  int send(int rank, const void* buf, std::size_t len, void*, detail::OpContext* ctx) override;
-  int post_recv(void* buf, std::size_t len, void*, detail::OpContext* ctx) override;
+  int send(int rank, const void* buf, std::size_t len, void*, OpContext* ctx) override;
+  int post_recv(void* buf, std::size_t len, void*, OpContext* ctx) override;
 
   // ---- RMA (ucx_rma.cpp) ----
   int put(int rank, const void* buf, std::size_t len, void*, std::uint64_t addr, std::uint64_t key,
-          detail::OpContext* ctx) override;
+          OpContext* ctx) override;
   int put_data(int rank, const void* buf, std::size_t len, void*, std::uint64_t data, std::uint64_t addr,
-               std::uint64_t key, detail::OpContext* ctx) override;
+               std::uint64_t key, OpContext* ctx) override;
   int inject_put(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key) override;
   int get(int rank, void* buf, std::size_t len, void*, std::uint64_t addr, std::uint64_t key,
-          detail::OpContext* ctx) override;
+          OpContext* ctx) override;
   int get_pushed(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
-                 detail::OpContext* ctx) override;
+                 OpContext* ctx) override;
 
   // ---- registration (ucx_keys.cpp) ----
   Registration* register_memory(const void* buf, std::size_t len, Access access) override;
@@ -211,7 +211,7 @@ class UcxTransport final : public Transport {
   // The start of a send or get, which completes through on_sent: the context's state, and its
   // tracking, before the post (the callback may run in the poll at once): one queued to a peer
   // that then fails is never completed by UCX without its peer error mode.
-  ucp_request_param_t tracked(detail::OpContext* ctx, int rank, OpKindUcx kind) {
+  ucp_request_param_t tracked(OpContext* ctx, int rank, OpKindUcx kind) {
     begin_tracking(ctx, rank, kind);
     ucp_request_param_t p;
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -219,12 +219,12 @@ class UcxTransport final : public Transport {
     p.user_data = ctx;
     return p;
   }
-  void begin_tracking(detail::OpContext* ctx, int rank, OpKindUcx kind) {
+  void begin_tracking(OpContext* ctx, int rank, OpKindUcx kind) {
     start_local(ctx, rank, kind);
     rma_.track(ctx, rank);
   }
   // An operation's state; not tracked (one done in the post, or tracked later).
-  OpState& start_local(detail::OpContext* ctx, int rank, OpKindUcx kind) noexcept {
+  OpState& start_local(OpContext* ctx, int rank, OpKindUcx kind) noexcept {
     OpState& st = state(ctx);
     st.transport = this;
     st.rank = rank;
@@ -232,7 +232,7 @@ class UcxTransport final : public Transport {
     return st;
   }
   // Its end: an immediate completion becomes an event, a refusal leaves the tracking.
-  int posted(detail::OpContext* ctx, int rank, void* r) {
+  int posted(OpContext* ctx, int rank, void* r) {
     if (r == nullptr) {
       rma_.untrack(ctx);
       push(completed(ctx, rank, 0));
@@ -260,11 +260,11 @@ class UcxTransport final : public Transport {
     ucp_ep_h get() const noexcept { return ep_; }
 
    private:
-    BiasedGuard guard_;
+    detail::BiasedGuard guard_;
     ucp_ep_h ep_;
   };
 
-  static Event completed(detail::OpContext* ctx, int rank, int error) noexcept {
+  static Event completed(OpContext* ctx, int rank, int error) noexcept {
     Event e;
     e.context = ctx;
     e.length = 0;
@@ -320,7 +320,7 @@ class UcxTransport final : public Transport {
     free_bounce_.try_push(slot);
     return -EAGAIN;
   }
-  int loop_send(const void* buf, std::size_t len, detail::OpContext* ctx) noexcept {
+  int loop_send(const void* buf, std::size_t len, OpContext* ctx) noexcept {
     start_local(ctx, rank_, op_send);
     return loopback_.try_push(Loop{buf, len, ctx, nullptr}) ? 0 : -EAGAIN;
   }
@@ -329,7 +329,7 @@ class UcxTransport final : public Transport {
   [[gnu::always_inline]] void drain_loopback() noexcept {
     Loop m;
     while (fill_ != nullptr && loopback_.try_pop(m)) {
-      detail::OpContext* c = fill_;
+      OpContext* c = fill_;
       fill_ = state(c).next;
       fill(c, m.data, m.length);
       if (m.slot != nullptr) free_bounce_.try_push(m.slot);
@@ -338,7 +338,7 @@ class UcxTransport final : public Transport {
   }
 
   // The poll lock holder: `length` bytes into receive c, which is done after it.
-  void fill(detail::OpContext* c, const void* data, std::size_t length) noexcept {
+  void fill(OpContext* c, const void* data, std::size_t length) noexcept {
     OpState& st = state(c);
     const std::size_t n = std::min<std::size_t>(length, st.data);
     detail::copy_small(st.buffer, data, n);  // a small message's few words inline, no call into libc
@@ -364,18 +364,18 @@ class UcxTransport final : public Transport {
 
   // ---- RMA over an RMA lane, or by cross-memory attach (ucx_rma.cpp) ----
   int put_flushed(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key,
-                  detail::OpContext* ctx, OpKindUcx kind, std::uint64_t data);
+                  OpContext* ctx, OpKindUcx kind, std::uint64_t data);
   static void on_flushed(void* request, ucs_status_t status, void* user);
-  void flushed(detail::OpContext* ctx, ucs_status_t status) noexcept;
+  void flushed(OpContext* ctx, ucs_status_t status) noexcept;
   static ucs_status_t on_notify(void* arg, const void* header, std::size_t header_length, void*, std::size_t,
                                 const ucp_am_recv_param_t*);
   // ---- RMA over active messages (am_rma.hpp; ucx_rma_over_am.cpp), to peers whose endpoint has no RMA lane ----
   bool am_rma(int rank) const noexcept { return am_rma_[static_cast<std::size_t>(rank)] != 0; }
   pid_t cma_pid(int rank) const noexcept { return cma_pid_[static_cast<std::size_t>(rank)]; }
   int am_put(int rank, ucp_ep_h ep, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key,
-             detail::OpContext* ctx, OpKindUcx kind, std::uint64_t data);
+             OpContext* ctx, OpKindUcx kind, std::uint64_t data);
   int am_get(int rank, ucp_ep_h ep, void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key,
-             detail::OpContext* ctx, bool push = false);
+             OpContext* ctx, bool push = false);
   int am_posted(RmaOps::Op* op, void* r);
   static void on_rma_sent(void* request, ucs_status_t status, void* user);
   void rma_sent(RmaOps::Op* op, ucs_status_t status) noexcept;
@@ -429,9 +429,9 @@ class UcxTransport final : public Transport {
   // unguarded). The worker itself is UCS_THREAD_MODE_SERIALIZED either way: UCX's own
   // multi-thread mode takes a spin lock per call, an atomic that waits for the previous
   // send's store into the peer's queue to leave the core; the biased lock lets the thread
-  // that drives the device alone skip it (net/biased_lock.hpp).
-  mutable BiasedLock worker_lock_;
-  BiasedLock* lock_;
+  // that drives the device alone skip it (common/biased_lock.hpp).
+  mutable detail::BiasedLock worker_lock_;
+  detail::BiasedLock* lock_;
   std::vector<bool> away_;     // by rank: on another host (UCX's peer error mode)
   ShmCopy copy_;               // whether RMA to peers on this host may use cross-memory attach
   // Read by peers' cma_probe (process_vm_readv) at their connect; set once, before address().
@@ -458,16 +458,16 @@ class UcxTransport final : public Transport {
   // delivering inline, takes it off the head itself when it is the head). No other
   // thread runs the callback: messages to this rank never go through UCX (whose `self`
   // transport would run it inside the sender's call) but through loopback_.
-  detail::OpContext* recv_head_ = nullptr;
-  detail::OpContext* recv_tail_ = nullptr;
-  detail::OpContext* fill_ = nullptr;
+  OpContext* recv_head_ = nullptr;
+  OpContext* recv_tail_ = nullptr;
+  OpContext* fill_ = nullptr;
   std::deque<Held> held_;
   // Messages to this rank, from any thread, in the order sent; the poll moves them into posted
   // receives (while none is posted they wait here, and a full ring is -EAGAIN to the sender).
   struct Loop {
     const void* data;
     std::size_t length;
-    detail::OpContext* send;  // send(): its buffer, completed when the message is received
+    OpContext* send;  // send(): its buffer, completed when the message is received
     unsigned char* slot;      // inject(): the bounce slot holding the bytes
   };
   detail::MpmcRing<Loop> loopback_{kLoopback};

@@ -12,6 +12,7 @@
 // never reuses an abandoned context's memory, so an entry can never name a newer operation.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -31,7 +32,7 @@ namespace ferry::net {
 class RmaTable {
  public:
   RmaTable() : slots_(1024) {}
-  void insert(detail::OpContext* ctx, int rank) {
+  void insert(OpContext* ctx, int rank) {
     if ((used_ + 1) * 2 > slots_.size()) grow();
     Slot* s = &slots_[index(ctx)];
     while (s->ctx != nullptr && s->ctx != tomb()) s = next(s);
@@ -39,7 +40,7 @@ class RmaTable {
     *s = Slot{ctx, rank};
   }
   // Removes `ctx`; false when it is not here.
-  bool erase(detail::OpContext* ctx) noexcept {
+  bool erase(OpContext* ctx) noexcept {
     for (Slot* s = &slots_[index(ctx)]; s->ctx != nullptr; s = next(s)) {
       if (s->ctx == ctx) {
         s->ctx = tomb();
@@ -49,7 +50,7 @@ class RmaTable {
     return false;
   }
   // Removes every operation to `rank`, appending its context to `out`.
-  void take_rank(int rank, std::vector<std::pair<detail::OpContext*, int>>& out) {
+  void take_rank(int rank, std::vector<std::pair<OpContext*, int>>& out) {
     for (Slot& s : slots_) {
       if (s.ctx == nullptr || s.ctx == tomb() || s.rank != rank) continue;
       out.emplace_back(s.ctx, rank);
@@ -59,11 +60,11 @@ class RmaTable {
 
  private:
   struct Slot {
-    detail::OpContext* ctx = nullptr;  // null: empty; tomb(): erased
+    OpContext* ctx = nullptr;  // null: empty; tomb(): erased
     int rank = -1;
   };
-  static detail::OpContext* tomb() noexcept { return reinterpret_cast<detail::OpContext*>(std::uintptr_t{1}); }
-  std::size_t index(const detail::OpContext* ctx) const noexcept {
+  static OpContext* tomb() noexcept { return reinterpret_cast<OpContext*>(std::uintptr_t{1}); }
+  std::size_t index(const OpContext* ctx) const noexcept {
     // Contexts are at least 8-byte aligned; a multiplicative hash spreads the rest.
     const auto h = (reinterpret_cast<std::uintptr_t>(ctx) >> 3) * 0x9E3779B97F4A7C15ull;
     return static_cast<std::size_t>(h >> 20) & (slots_.size() - 1);
@@ -82,21 +83,29 @@ class RmaTable {
 
 class AbandonTracker {
  public:
-  void track(detail::OpContext* ctx, int rank) {
+  void track(OpContext* ctx, int rank) {
     std::lock_guard<detail::SpinLock> g(lock_);
     in_flight_.insert(ctx, rank);
+    tracked_.fetch_add(1, std::memory_order_relaxed);
   }
   // The post of `ctx` failed: it was never in flight.
-  void untrack(detail::OpContext* ctx) noexcept {
+  void untrack(OpContext* ctx) noexcept {
     std::lock_guard<detail::SpinLock> g(lock_);
-    in_flight_.erase(ctx);
+    if (in_flight_.erase(ctx)) tracked_.fetch_sub(1, std::memory_order_relaxed);
   }
+  // Whether any operation may need settle(): one tracked or abandoned. By the poll lock holder,
+  // for a completion it polled: relaxed suffices, because a tracked operation's track() happens
+  // before its post, which the provider orders before the completion the caller holds, so the
+  // load sees that increment or a later value, and only settle() or abandon() — this thread's
+  // own — take the count back down for it. A completion of an untracked operation may see a
+  // stale non-zero count: settle() then finds nothing, which is correct, only slower.
+  bool tracking() const noexcept { return tracked_.load(std::memory_order_relaxed) != 0 || !abandoned_.empty(); }
   // A backend completion of the tracked `ctx`: true when it was reported abandoned already
   // (drop the event: the core has finished the operation).
-  bool settle(detail::OpContext* ctx) noexcept {
+  bool settle(OpContext* ctx) noexcept {
     if (__builtin_expect(!abandoned_.empty(), 0) && abandoned_.erase(ctx) != 0) return true;
     std::lock_guard<detail::SpinLock> g(lock_);
-    in_flight_.erase(ctx);
+    if (in_flight_.erase(ctx)) tracked_.fetch_sub(1, std::memory_order_relaxed);
     return false;
   }
   void peer_failed(int rank) {
@@ -116,7 +125,9 @@ class AbandonTracker {
       const int rank = failing_[i].rank;
       {
         std::lock_guard<detail::SpinLock> g(lock_);
+        const std::size_t before = abandoning_.size();
         in_flight_.take_rank(rank, abandoning_);
+        tracked_.fetch_sub(abandoning_.size() - before, std::memory_order_relaxed);
       }
       failing_[i] = failing_.back();
       failing_.pop_back();
@@ -143,9 +154,10 @@ class AbandonTracker {
   };
   detail::SpinLock lock_;
   RmaTable in_flight_;  // under lock_
+  std::atomic<std::size_t> tracked_{0};  // in_flight_'s entries; changed under lock_, read by tracking()
   std::vector<Failing> failing_;
-  std::vector<std::pair<detail::OpContext*, int>> abandoning_;
-  std::unordered_set<detail::OpContext*> abandoned_;
+  std::vector<std::pair<OpContext*, int>> abandoning_;
+  std::unordered_set<OpContext*> abandoned_;
 };
 
 }  // namespace ferry::net

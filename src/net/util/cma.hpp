@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-namespace ferry::net::shm {
+namespace ferry::net {
 
 // Copies len bytes from local to the peer's address remote (write) or from remote to local
 // (read), looping over partial transfers and the kernel's per-call limits. Returns 0 or a
@@ -27,4 +27,4 @@ int cma_probe(pid_t pid, std::uint64_t remote, std::uint64_t expect) noexcept;
 // Yama's ptrace_scope when it restricts which peers may be read.
 std::string describe_cma();
 
-}  // namespace ferry::net::shm
+}  // namespace ferry::net

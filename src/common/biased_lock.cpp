@@ -1,11 +1,11 @@
 // biased_lock.cpp — thread numbers and the slow path of BiasedLock (see biased_lock.hpp).
-#include "net/biased_lock.hpp"
+#include "common/biased_lock.hpp"
 
 #include "common/cpu_relax.hpp"
 #include "common/tsan.hpp"
-#include "net/membarrier.hpp"
+#include "common/membarrier.hpp"
 
-namespace ferry::net {
+namespace ferry::detail {
 
 namespace biased_detail {
 
@@ -60,4 +60,4 @@ BiasedLock::Held BiasedLock::lock_slow() noexcept {
   return Held{true, next};
 }
 
-}  // namespace ferry::net
+}  // namespace ferry::detail

@@ -1,5 +1,5 @@
 // membarrier.cpp — registration and the call (see membarrier.hpp).
-#include "net/membarrier.hpp"
+#include "common/membarrier.hpp"
 
 #include <linux/membarrier.h>
 #include <sys/syscall.h>
@@ -12,7 +12,7 @@
 #include "common/log.hpp"
 #include "common/tsan.hpp"
 
-namespace ferry::net::membarrier {
+namespace ferry::detail::membarrier {
 
 bool expedited() noexcept {
 #ifdef FERRY_TSAN
@@ -35,4 +35,4 @@ void barrier_all() noexcept {
   std::abort();
 }
 
-}  // namespace ferry::net::membarrier
+}  // namespace ferry::detail::membarrier

@@ -48,7 +48,7 @@
 #include "common/cache_line.hpp"
 #include "common/spinlock.hpp"
 
-namespace ferry::net {
+namespace ferry::detail {
 
 namespace biased_detail {
 // This thread's number, 0 until biased_detail::self() assigns one. constinit and initial-exec:
@@ -126,4 +126,4 @@ class BiasedGuard {
   BiasedLock::Held how_;
 };
 
-}  // namespace ferry::net
+}  // namespace ferry::detail

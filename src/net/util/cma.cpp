@@ -1,5 +1,5 @@
 // cma.cpp — process_vm_readv / process_vm_writev with the kernel's limits handled.
-#include "net/shm/cma.hpp"
+#include "net/util/cma.hpp"
 
 #include <sys/uio.h>
 
@@ -11,7 +11,7 @@
 #include <fstream>
 #include <string>
 
-namespace ferry::net::shm {
+namespace ferry::net {
 
 namespace {
 
@@ -74,4 +74,4 @@ std::string describe_cma() {
   return out;
 }
 
-}  // namespace ferry::net::shm
+}  // namespace ferry::net
