@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -65,6 +66,27 @@ std::string known_names() {
 
 }  // namespace
 
+const BackendInfo& load_module(std::string_view name, const std::string& path, std::string_view setting) {
+  // Never closed (see the header): the handle is dropped on purpose.
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* e = dlerror();
+    throw Error(std::string(setting) + ": cannot load ferry's " + std::string(name) + " backend module " + path + ": " +
+                (e != nullptr ? e : "dlopen failed"));
+  }
+  using Entry = const BackendInfo* (*)();
+  void* sym = dlsym(handle, "ferry_backend_v1");
+  const BackendInfo* info = sym != nullptr ? reinterpret_cast<Entry>(sym)() : nullptr;
+  if (info == nullptr || info->name == nullptr || name != info->name) {
+    throw Error(std::string(setting) + ": " + path + " is not ferry's " + std::string(name) + " backend module (" +
+                (sym == nullptr    ? std::string("no ferry_backend_v1")
+                 : info == nullptr ? std::string("no registration")
+                                   : "it registers '" + std::string(info->name != nullptr ? info->name : "") + "'") +
+                ")");
+  }
+  return *info;
+}
+
 std::vector<std::string> backend_names() {
   std::vector<std::string> out;
   for (const Slot& s : kSlots) out.emplace_back(s.name);
@@ -76,7 +98,13 @@ std::string module_dir() {
   if (dladdr(reinterpret_cast<void*>(&module_dir), &info) == 0 || info.dli_fname == nullptr) return "ferry";
   std::string lib = info.dli_fname;
   const auto slash = lib.rfind('/');
-  return (slash == std::string::npos ? std::string(".") : lib.substr(0, slash)) + "/ferry";
+  std::string dir = slash == std::string::npos ? std::string(".") : lib.substr(0, slash);
+  // The loader's path may pass through the program's RPATH ("bin/../lib"): name it plainly.
+  if (char* real = ::realpath(dir.c_str(), nullptr)) {
+    dir = real;
+    std::free(real);
+  }
+  return dir + "/ferry";
 }
 
 std::string backend_origin(std::string_view name) {
@@ -113,28 +141,11 @@ const BackendInfo& backend(std::string_view name, std::string_view setting) {
   std::lock_guard<std::mutex> lock(load_mutex);
   const BackendInfo*& slot = loaded[static_cast<std::size_t>(s - kSlots)];
   if (slot != nullptr) return *slot;
-  const std::string path = module_path(*s);
-  // Never closed (see the header): the handle is dropped on purpose.
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle == nullptr) {
-    const char* e = dlerror();
-    throw Error(std::string(setting) + ": cannot load ferry's " + s->name + " backend module " + path + ": " +
-                (e != nullptr ? e : "dlopen failed"));
-  }
-  using Entry = const BackendInfo* (*)();
-  void* sym = dlsym(handle, "ferry_backend_v1");
-  const BackendInfo* info = sym != nullptr ? reinterpret_cast<Entry>(sym)() : nullptr;
-  if (info == nullptr || info->name == nullptr || std::strcmp(info->name, s->name) != 0) {
-    throw Error(std::string(setting) + ": " + path + " is not ferry's " + s->name + " backend module (" +
-                (sym == nullptr    ? std::string("no ferry_backend_v1")
-                 : info == nullptr ? std::string("no registration")
-                                   : "it registers '" + std::string(info->name != nullptr ? info->name : "") + "'") +
-                ")");
-  }
+  const BackendInfo& info = load_module(s->name, module_path(*s), setting);
   // The module's library may have brought libraries that take over fatal signals as they load.
   restore_fatal_signals();
-  slot = info;
-  return *info;
+  slot = &info;
+  return info;
 }
 
 }  // namespace ferry::net

@@ -36,6 +36,11 @@ std::string backend_origin(std::string_view name);
 // Whether `name` is in this process now: built in, or its module loaded.
 bool backend_loaded(std::string_view name) noexcept;
 
+// Loads the module at `path` and returns the registration it exports, which must be `name`'s
+// (the registry's own step, open to tests). Throws ferry::Error naming `setting`, the path and
+// dlerror(), or what the file lacks.
+const BackendInfo& load_module(std::string_view name, const std::string& path, std::string_view setting);
+
 // The folder modules are loaded from: `ferry/` beside the libferry this process mapped.
 std::string module_dir();
 

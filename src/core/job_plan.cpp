@@ -1,0 +1,158 @@
+// job_plan.cpp — what every rank agrees on before it opens anything: each rank's host, the
+// job-wide settings checked equal on every rank, and the plan of which backend reaches each
+// peer (job_plan.hpp).
+#include "core/job_plan.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "ferry/error.hpp"
+#include "net/registry.hpp"
+
+namespace ferry::detail {
+
+std::string hostname() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+namespace {
+
+// The options that shape what goes on the wire or which endpoints exist: ranks that disagree
+// on one would truncate, misread or never reach each other's messages (or, for the peer
+// timeout, send heartbeats more rarely than a peer's timeout allows).
+constexpr const char* kJobWideOptions[] = {"transport", "provider", "network", "devices", "packet_size", "fragment", "fragment_max",
+                                          "max_targets", "peer_timeout_ms"};
+
+std::string job_wide_settings(const Resolved<RuntimeSettings>& options) {
+  std::string text;
+  for (const char* name : kJobWideOptions) text += options.value(name) + '\n';
+  return text;
+}
+
+// Names the first job-wide option on which rank `other` differs from this rank, by the
+// option table's own variable name.
+[[noreturn]] void settings_differ(const Resolved<RuntimeSettings>& options, const std::string& theirs, int rank,
+                                  int other) {
+  std::size_t at = 0;
+  for (const char* name : kJobWideOptions) {
+    const std::size_t end = theirs.find('\n', at);
+    if (end == std::string::npos) break;
+    const std::string value = theirs.substr(at, end - at);
+    if (value != options.value(name)) {
+      const char* env = name;
+      for (const ResolvedOption& o : options.options) {
+        if (std::string_view(o.info->name) == name) env = o.info->env;
+      }
+      throw Error(std::string("ranks disagree on ") + env + ": rank " + std::to_string(other) + " has '" + value +
+                  "', rank " + std::to_string(rank) + " has '" + options.value(name) +
+                  "'; every rank of a job must use the same " + env);
+    }
+    at = end + 1;
+  }
+  throw Error("rank " + std::to_string(other) + " sent settings this rank cannot read (a different ferry version?)");
+}
+
+}  // namespace
+
+// Every rank's host identity (FERRY_HOST, else the hostname), by rank; each rank checks that
+// every other one uses the same job-wide options.
+// Also starts watching the processes of the peers on this host (same host identity, same PID
+// namespace).
+std::vector<std::string> exchange_hosts(bootstrap::Bootstrap& boot, const std::string& mine,
+                                        const Resolved<RuntimeSettings>& options, PeerWatch& watch) {
+  std::vector<std::string> hosts(static_cast<std::size_t>(boot.size()), mine);
+  if (boot.size() == 1) return hosts;
+  const std::string settings = job_wide_settings(options);
+  const std::string me = process_identity();
+  pid_t my_pid = 0;
+  std::string my_ns;
+  const bool watchable = parse_process_identity(me, my_pid, my_ns);
+  boot.put("ferry.host", mine);
+  boot.put("ferry.settings", settings);
+  boot.put("ferry.process", me);
+  boot.fence();
+  for (int r = 0; r < boot.size(); ++r) {
+    hosts[static_cast<std::size_t>(r)] = boot.get(r, "ferry.host");
+    if (r == boot.rank()) continue;
+    const std::string theirs = boot.get(r, "ferry.settings");
+    if (theirs != settings) settings_differ(options, theirs, boot.rank(), r);
+    pid_t pid = 0;
+    std::string ns;
+    if (watchable && hosts[static_cast<std::size_t>(r)] == mine &&
+        parse_process_identity(boot.get(r, "ferry.process"), pid, ns) && ns == my_ns && pid != my_pid) {
+      watch.watch(r, pid);
+    }
+  }
+  return hosts;
+}
+
+namespace {
+
+// The first registered backend whose reach is exactly `reach`, or "".
+std::string first_backend_reaching(unsigned reach) {
+  for (const std::string& name : net::backend_names()) {
+    if (net::backend_origin(name).rfind("built in", 0) != 0) continue;  // a module is never loaded to be asked
+    if (net::backend(name, "FERRY_TRANSPORT=auto").reach == reach) return name;
+  }
+  return "";
+}
+
+}  // namespace
+
+TransportPlan plan_transports(const Config& config, const std::string& transport, const std::string& network,
+                              const std::vector<std::string>& hosts, int rank) {
+  TransportPlan plan;
+  const std::string& mine = hosts[static_cast<std::size_t>(rank)];
+  plan.on_host.resize(hosts.size());
+  int away = -1;
+  int neighbours = 0;
+  for (std::size_t r = 0; r < hosts.size(); ++r) {
+    plan.on_host[r] = hosts[r] == mine;
+    if (!plan.on_host[r] && away < 0) away = static_cast<int>(r);
+    if (plan.on_host[r] && static_cast<int>(r) != rank) ++neighbours;
+  }
+  if (transport != "auto") {
+    const std::string setting = "FERRY_TRANSPORT=" + transport;
+    const net::BackendInfo& b = net::backend(transport, setting);
+    if (away >= 0 && !net::reaches(b.reach, net::Reach::network)) {
+      throw Error(setting + ": rank " + std::to_string(away) + " is on host '" + hosts[static_cast<std::size_t>(away)] +
+                  "', rank " + std::to_string(rank) + " on '" + mine + "'; the " + transport +
+                  " backend reaches only ranks of one host (use FERRY_TRANSPORT=auto or a network backend)");
+    }
+    if (neighbours > 0 && !net::reaches(b.reach, net::Reach::host)) {
+      throw Error(setting + ": the " + transport + " backend reaches only this rank, and the job has " +
+                  std::to_string(hosts.size()) + " ranks (use FERRY_TRANSPORT=auto, shm or a network backend)");
+    }
+    if (net::reaches(b.reach, net::Reach::network)) {
+      plan.network = transport;
+    } else {
+      plan.host = transport;
+    }
+    // "auto": a provider's own shared memory when every rank shares a host, else its best network.
+    plan.provider = config.provider != "auto" ? config.provider : (away < 0 ? "shm" : "");
+    return plan;
+  }
+  // A rank alone on its host talks to itself through the self backend; one with neighbours
+  // through the host backend it needs anyway (one link fewer: each keeps receives posted).
+  if (neighbours == 0) plan.self = first_backend_reaching(unsigned(net::Reach::self));
+  if (neighbours > 0 || plan.self.empty()) plan.host = first_backend_reaching(net::Reach::self | net::Reach::host);
+  if (plan.self.empty()) plan.self = plan.host;
+  if (away >= 0) plan.network = network;
+  if (plan.self.empty() && plan.host.empty() && plan.network.empty()) plan.network = network;
+  plan.provider = config.provider != "auto" ? config.provider : "";
+  return plan;
+}
+
+net::ShmCopy shm_copy(ShmCopyMode m) {
+  switch (m) {
+    case ShmCopyMode::cma: return net::ShmCopy::cma;
+    case ShmCopyMode::copy: return net::ShmCopy::copy;
+    case ShmCopyMode::automatic: break;
+  }
+  return net::ShmCopy::automatic;
+}
+
+}  // namespace ferry::detail
