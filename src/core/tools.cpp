@@ -53,9 +53,7 @@ std::string facts_of(const char* name) {
 std::vector<std::string> available_providers() { return ofi_tools("available_providers").providers(); }
 
 ProviderLimits probe_provider(const std::string& provider) {
-  const net::ofi::Limits l = ofi_tools("probe_provider").probe(provider);
-  return ProviderLimits{l.inject_size, l.max_msg_size, l.cq_data_size, l.tx_size, l.mr_local,
-                        l.mr_virt_addr, l.mr_prov_key, l.mr_endpoint, l.rx_cq_data};
+  return ofi_tools("probe_provider").probe(provider);
 }
 
 std::string fabric_version() { return ofi_tools("fabric_version").version(); }
