@@ -10,6 +10,7 @@
 #include <new>
 
 #include "common/log.hpp"
+#include "common/small_copy.hpp"
 #include "core/recv_blocks.hpp"
 #include "core/runtime_impl.hpp"
 #include "core/wire.hpp"
@@ -20,7 +21,6 @@ namespace ferry::detail {
 namespace {
 
 constexpr std::size_t kMaxSize = std::size_t{1} << 62;  // beyond this, size arithmetic is suspect
-constexpr int kPollBatch = 16;
 
 std::string str(std::size_t v) { return std::to_string(v); }
 
@@ -55,6 +55,7 @@ DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, const Config& config,
       fragments_(*this),
       rendezvous_(*this),
       rma_(*this) {
+  spare_target_ = static_cast<int>(std::min<std::size_t>(config.prepost, kPollBatch));
   for (Link& l : links_) (void)l.transport->deliver_inline(net::InlineSink{&DeviceImpl::on_inline, this, &l});
 }
 
@@ -96,9 +97,14 @@ void DeviceImpl::on_inline(void* device, void* link, const net::Event& e) noexce
       d->on_event(l, e);
       return;
     }
-    auto* p = reinterpret_cast<Packet*>(e.context);
-    if (e.lent == nullptr && d->staged_count_ == 0 && d->signal_inline(l, p, e.length)) return;
-    if (e.lent != nullptr) d->on_lent(l, p, e.length, e.lent); else d->on_recv(l, p, e.length, p->data() + kFragmentHeader);
+    if (e.lent != nullptr) {
+      d->on_lent(l, e.length, e.lent);
+    } else {
+      auto* p = reinterpret_cast<Packet*>(e.context);
+      if (d->staged_count_ == 0 && d->signal_inline(l, p, e.length)) return;
+      --l.posted_recvs;
+      d->on_recv(l, p, e.length, p->data() + kFragmentHeader);
+    }
     if (d->staged_count_ != 0 && !d->staged_target_->batches()) d->flush_staged_slow();
   } catch (...) {
     if (d->inline_error_ == nullptr) {
@@ -125,6 +131,7 @@ void DeviceImpl::log_dropped_inline_error() noexcept {
 DeviceImpl::~DeviceImpl() {
   // Cancel what the transports still hold, then give the packets back so the pool can go.
   for (Link& l : links_) l.transport->cancel_all();
+  for (int i = 0; i < spare_count_; ++i) pool_->put_shared(spare_[static_cast<std::size_t>(i)]);
   matching_.drain([](Packet* r) { r->pool->put_shared(r); },
                   [](Packet* m) {
                     recv_blocks::give(m->arrived.heap);
@@ -136,6 +143,10 @@ void DeviceImpl::start() {
   plan_fragments();
   std::lock_guard<SpinLock> guard(poll_lock_);
   for (Link& l : links_) {
+    if (l.lends) {
+      if (top_up_spares() == 0) throw Error("device " + std::to_string(index_) + ": no packet to receive into on " + l.caps->name);
+      continue;
+    }
     repost(l);
     if (l.posted_recvs == 0) {
       throw Error("device " + std::to_string(index_) + ": could not post any receive buffer on " + l.caps->name);
@@ -427,8 +438,15 @@ void DeviceImpl::release_message(Packet* m) noexcept {
 }
 
 // A lent message is still in memory its sender can write: the headers are copied into the
-// packet first and checked there; only payload bytes are read from the loan.
-void DeviceImpl::on_lent(Link& l, Packet* p, std::size_t length, const unsigned char* lent) {
+// packet first and checked there; only payload bytes are read from the loan. Inlined into
+// progress, where nearly every message of a lent transport comes.
+[[gnu::always_inline]] inline void DeviceImpl::on_lent(Link& l, std::size_t length, const unsigned char* lent) {
+  if (__builtin_expect(spare_count_ == 0, 0)) {  // a transport that lent past set_lend_limit
+    FERRY_LOG_AT(error, runtime_.rank(), index_, "%s lent a message of %zu bytes past its limit: dropped", l.caps->name.c_str(), length);
+    count_malformed();
+    return;
+  }
+  Packet* p = spare_[static_cast<std::size_t>(--spare_count_)];
   const unsigned char* payload = p->data() + kFragmentHeader;
   if (length > p->capacity) {
     length = p->capacity + 1;  // dropped by on_recv, nothing copied
@@ -439,7 +457,7 @@ void DeviceImpl::on_lent(Link& l, Packet* p, std::size_t length, const unsigned 
     // The kind byte was read twice; if the sender changed it between, the packet is dropped.
     if (p->data()[0] != static_cast<std::uint8_t>(MsgKind::frag)) length = p->capacity + 1;
   } else {
-    std::memcpy(p->data(), lent, length);
+    copy_small(p->data(), lent, length);
   }
   on_recv(l, p, length, payload);
 }
@@ -449,7 +467,6 @@ void DeviceImpl::on_lent(Link& l, Packet* p, std::size_t length, const unsigned 
 // the call cost 15 instructions per 8 B active message over ferry's shm (callgrind-am.sh:
 // receiver 606.9 without the mark, 622.0 with it out of line, 610.9 inlined).
 [[gnu::always_inline]] inline void DeviceImpl::on_recv(Link& l, Packet* p, std::size_t length, const unsigned char* payload) {
-  --l.posted_recvs;
   // The header comes from another process: its kind and sender are checked before use (the
   // sender indexes the route table).
   const std::int32_t src = length >= kHeader ? decode<WireHeader>(p->data()).src : -1;
@@ -467,6 +484,10 @@ void DeviceImpl::on_lent(Link& l, Packet* p, std::size_t length, const unsigned 
     const Fragments::Whole w = fragments_.on_fragment(p, length, payload);
     if (w.packet == nullptr) return;
     if (w.heap != nullptr) on_heap_message(w.packet, w.heap, w.size); else on_packet(w.packet);
+    return;
+  }
+  if (p->data()[0] == static_cast<std::uint8_t>(MsgKind::am)) {
+    on_am(p, decode<WireHeader>(p->data()));
     return;
   }
   on_packet(p);
@@ -502,7 +523,7 @@ void DeviceImpl::on_heap_message(Packet* p, unsigned char* heap, std::size_t siz
 
 // c: a fresh completion, or a stage slot another batch has moved from (its buffer empty, its
 // parts empty or, in principle, merely valid: cleared here).
-inline void DeviceImpl::fill_am(Completion& c, Packet* p, const WireHeader& h) {
+[[gnu::always_inline]] inline void DeviceImpl::fill_am(Completion& c, Packet* p, const WireHeader& h) {
   c.op = OpKind::remote_am;
   c.rank = h.src;
   c.tag = h.tag;
@@ -519,25 +540,33 @@ inline void DeviceImpl::fill_am(Completion& c, Packet* p, const WireHeader& h) {
   if (__builtin_expect(pool_->available_approx() < config_.prepost, 0)) c.buffer = copy_out(std::move(c.buffer));
 }
 
+// An active message joins the stage, inline in on_recv: the common message takes no call.
+[[gnu::always_inline]] inline void DeviceImpl::on_am(Packet* p, const WireHeader& h) {
+  CompletionObject* target = runtime_.exposed(h.target);
+  if (__builtin_expect(target == nullptr, 0)) {  // not exposed yet, or an id out of range
+    deliver_unexposed(p, h);
+    return;
+  }
+  if (target != staged_target_ || staged_count_ == kStageMax) flush_staged();
+  fill_am(staged_[staged_count_], p, h);
+  staged_target_ = target;
+  ++staged_count_;
+}
+
+void DeviceImpl::deliver_unexposed(Packet* p, const WireHeader& h) {
+  flush_staged();
+  Completion c;
+  fill_am(c, p, h);
+  runtime_.deliver(h.target, std::move(c));  // parks it, or drops it with a warning
+}
+
 void DeviceImpl::on_packet(Packet* p) {
   const auto h = decode<WireHeader>(p->data());
   if (h.kind != MsgKind::am) flush_staged();  // whatever this message signals comes after the staged
   switch (h.kind) {
-    case MsgKind::am: {
-      CompletionObject* target = runtime_.exposed(h.target);
-      if (__builtin_expect(target == nullptr, 0)) {  // not exposed yet, or an id out of range
-        flush_staged();
-        Completion c;
-        fill_am(c, p, h);
-        runtime_.deliver(h.target, std::move(c));  // parks it, or drops it with a warning
-        return;
-      }
-      if (target != staged_target_ || staged_count_ == kStageMax) flush_staged();
-      fill_am(staged_[staged_count_], p, h);
-      staged_target_ = target;
-      ++staged_count_;
+    case MsgKind::am:
+      on_am(p, h);
       return;
-    }
     case MsgKind::msg:
     case MsgKind::rts_msg:
       p->arrived.from = MatchKey{h.src, h.tag};
@@ -647,6 +676,15 @@ MemoryRegion DeviceImpl::register_memory(void* data, std::size_t size) {
 
 // ---- progress ---------------------------------------------------------------------------------
 
+int DeviceImpl::top_up_spares() noexcept {
+  while (spare_count_ < spare_target_) {
+    Packet* p = pool_->get();
+    if (p == nullptr) break;  // the pool is dry: a lent message waits in its transport meanwhile
+    spare_[static_cast<std::size_t>(spare_count_++)] = p;
+  }
+  return spare_count_;
+}
+
 void DeviceImpl::repost(Link& l) {
   while (l.posted_recvs < config_.prepost) {
     Packet* p = pool_->get();
@@ -665,6 +703,10 @@ void DeviceImpl::repost(Link& l) {
 // Every event of every transport comes here, success and error alike: each kind of operation
 // finishes in one place, with the error (if any) carried to whoever waits for it.
 void DeviceImpl::on_event(Link& l, const net::Event& e) {
+  if (e.lent != nullptr) {
+    on_lent(l, e.length, e.lent);
+    return;
+  }
   if (e.remote_write) {
     if (e.error == 0) rma_.on_notification(e);
     // Only where a remote write uses up a posted receive does it carry that receive's packet.
@@ -679,11 +721,11 @@ void DeviceImpl::on_event(Link& l, const net::Event& e) {
   switch (ctx->kind()) {
     case CtxKind::recv_packet: {
       auto* p = reinterpret_cast<Packet*>(ctx);
+      --l.posted_recvs;
       if (err == 0) {
-        if (e.lent != nullptr) on_lent(l, p, e.length, e.lent); else on_recv(l, p, e.length, p->data() + kFragmentHeader);
+        on_recv(l, p, e.length, p->data() + kFragmentHeader);
         return;
       }
-      --l.posted_recvs;
       if (err != -ECANCELED) {
         FERRY_LOG_AT(error, runtime_.rank(), index_, "%s", net::error_text("receive", err).c_str());
       }
@@ -767,13 +809,17 @@ bool DeviceImpl::progress() {
   run_deferred();
   rendezvous_.end_reads();
   for (Link& l : links_) {
+    if (l.lends) l.transport->set_lend_limit(spare_count_ < spare_target_ ? top_up_spares() : spare_count_);
     const int n = l.transport->poll(events, kPollBatch);
     for (int i = 0; i < n; ++i) {
       const net::Event& e = events[i];
       // The common event, an arrived message, skips the general dispatch.
-      if (__builtin_expect(!e.remote_write && e.error == 0 && OpContext::of(e.context)->kind() == CtxKind::recv_packet, 1)) {
+      if (e.lent != nullptr) {
+        on_lent(l, e.length, e.lent);
+      } else if (__builtin_expect(!e.remote_write && e.error == 0 && OpContext::of(e.context)->kind() == CtxKind::recv_packet, 1)) {
         auto* p = reinterpret_cast<Packet*>(e.context);
-        if (e.lent != nullptr) on_lent(l, p, e.length, e.lent); else on_recv(l, p, e.length, p->data() + kFragmentHeader);
+        --l.posted_recvs;
+        on_recv(l, p, e.length, p->data() + kFragmentHeader);
       } else {
         flush_staged();
         on_event(l, e);
@@ -797,7 +843,7 @@ bool DeviceImpl::progress() {
   // runs while the peer computes its answer); at or below half the target it refills at once,
   // so a flood that never lets the device idle cannot drain the posted receives.
   for (Link& l : links_) {
-    if (l.posted_recvs < config_.prepost && (!any || l.posted_recvs <= config_.prepost / 2)) repost(l);
+    if (!l.lends && l.posted_recvs < config_.prepost && (!any || l.posted_recvs <= config_.prepost / 2)) repost(l);
   }
   return any;
 }

@@ -139,6 +139,9 @@ class DeviceImpl : public DeviceContext {
   void check_iovec_fits(const AmIovecArgs& a) const;
   // A whole message in its packet (received in one piece or reassembled): arrived.length is set.
   void on_packet(Packet* p);
+  // An active message in p: staged for its target (on_am), or for one not exposed (yet).
+  void on_am(Packet* p, const WireHeader& h);
+  void deliver_unexposed(Packet* p, const WireHeader& h);
   // An arrived active message's completion, its payload in p (or copied out of it).
   void fill_am(Completion& c, Packet* p, const WireHeader& h);
   // A message reassembled past a packet's size: p holds its header (kind am or msg), `heap`
@@ -149,8 +152,10 @@ class DeviceImpl : public DeviceContext {
   void on_event(Link& link, const net::Event& e);
   // `payload`: a fragment's payload bytes, in p or in the transport's memory (on_lent).
   void on_recv(Link& link, Packet* p, std::size_t length, const unsigned char* payload);
-  // A received message lent by its transport (Event::lent): copied in, then on_recv.
-  void on_lent(Link& link, Packet* p, std::size_t length, const unsigned char* lent);
+  // A message lent by its transport (Event::lent): copied into a spare packet, then on_recv.
+  void on_lent(Link& link, std::size_t length, const unsigned char* lent);
+  // Refills spare_ from the pool (as far as it has packets); returns how many it holds.
+  int top_up_spares() noexcept;
   // Transport::deliver_inline's sink: `device` is this, `link` one of links_.
   static void on_inline(void* device, void* link, const net::Event& e) noexcept;
   // Inside on_inline's handler of a second exception in one poll: logs it (only the first is rethrown).
@@ -163,6 +168,7 @@ class DeviceImpl : public DeviceContext {
   static const unsigned char* message_payload(Packet* m) noexcept;
   static std::size_t message_size(const Packet* m) noexcept;
   void release_message(Packet* m) noexcept;
+  // Keeps FERRY_PREPOST receives posted on a transport that takes posted receives.
   void repost(Link& link);
   // Signals the staged active messages (below) to their target, and empties the stage.
   void flush_staged() noexcept {
@@ -191,6 +197,13 @@ class DeviceImpl : public DeviceContext {
   std::atomic<std::uint64_t> inline_count_{0};
   std::exception_ptr inline_error_;    // thrown inside on_inline, rethrown by progress
   std::uint32_t failures_seen_ = 0;    // the runtime's failure count last acted on
+  // Packets for the messages lent transports hand over (Link::lends): a lent message is
+  // copied into one during its delivery. Each poll of such a transport lends at most
+  // spare_count_ messages, so the device never takes a message it has no packet for; refilled
+  // before each such poll, up to min(FERRY_PREPOST, kPollBatch).
+  std::array<Packet*, kPollBatch> spare_{};
+  int spare_count_ = 0;
+  int spare_target_ = 0;
   std::vector<std::uint8_t> handled_;  // by rank: fail_peer ran
   // The active messages this progress call received for one target, in arrival order, not yet
   // signalled: they go to the target in one signal_batch (one claim of a CompletionQueue's

@@ -50,8 +50,9 @@ DeviceContext::DeviceContext(RuntimeImpl& runtime, int index, const Config& conf
     if (eager_limit_ > caps.max_msg_size - kHeader) eager_limit_ = caps.max_msg_size - kHeader;
     if (caps.send_queue != 0) send_queue = send_queue == 0 ? caps.send_queue : std::min(send_queue, caps.send_queue);
   }
-  // Each transport keeps FERRY_PREPOST receives posted from the one pool, and a send needs a
-  // packet too: receives that held every packet would leave the first send waiting forever.
+  // Each transport keeps FERRY_PREPOST receives from the one pool (posted, or for a lending
+  // transport at most kPollBatch spare packets), and a send needs a packet too: receives that
+  // held every packet would leave the first send waiting forever.
   const std::size_t links = transports_.size();
   if (links > 0 && config.prepost > (config.packets - 1) / links) {
     throw Error("FERRY_PACKETS=" + std::to_string(config.packets) + " leaves no packet to send with FERRY_PREPOST=" +
@@ -69,8 +70,7 @@ DeviceContext::DeviceContext(RuntimeImpl& runtime, int index, const Config& conf
     // The packet slab is registered once per transport; the desc matters only under local_registration.
     l.pool_registration = t->register_memory(pool_->slab(), pool_->slab_bytes(), net::Access::send | net::Access::recv);
     l.pool_desc = caps.local_registration ? l.pool_registration->desc() : nullptr;
-    // Lent receives save reassembly a copy (cell to packet to message becomes cell to message).
-    (void)t->lend_receives();
+    l.lends = caps.receives == net::Receives::lent;
     links_.push_back(l);
   }
   plan_fragments();

@@ -34,6 +34,9 @@ inline constexpr std::size_t kFragmentHeader = kHeader + sizeof(FragBody);
 // Without a gathering transport a fragment is built on the stack: at most this many bytes,
 // whatever the inject size. A transport that gathers takes fragments as large as it injects.
 inline constexpr std::size_t kMaxFragmentFrame = 4096;
+// Events one poll of a transport returns at most; also the spare packets a device holds for
+// messages its lent transports hand over (Receives::lent).
+inline constexpr int kPollBatch = 16;
 
 // The device's record of one transport.
 struct Link {
@@ -45,10 +48,13 @@ struct Link {
   void* pool_desc;                       // its desc() under local_registration, else null
   std::size_t fragment_payload;          // payload bytes per fragment; 0 when not fragmenting
   std::size_t fragment_limit;            // messages past the inject size and up to this are fragmented
-  std::size_t posted_recvs;              // owned by the poll lock holder
+  std::size_t posted_recvs;              // owned by the poll lock holder; 0 where the transport lends
   // The largest frame that goes whole, in one inject and one receive packet:
   // min(inject_size, FERRY_PACKET_SIZE).
   std::size_t whole_frame = 0;
+  // The transport lends its messages (Caps::receives): the device posts it no receives and
+  // copies each message into a spare packet instead.
+  bool lends = false;
   // Whether a message of `size` payload bytes goes as fragments over this link: it is within
   // the fragment limit and does not go whole.
   bool fragmented(std::size_t size) const noexcept {

@@ -156,7 +156,21 @@ PacketPool::ThreadCache* PacketPool::cache_slow(ThreadCache*& c) noexcept {
   return c;
 }
 
+// get and put are split into a fast path that touches only this thread's warm cache, and a
+// slow path out of line: with both in one function every call saved and restored the five
+// registers the slow path needs (~20 of put's 35 instructions per packet, callgrind-am.sh).
 Packet* PacketPool::get() noexcept {
+  if (__builtin_expect(cached_, 1)) {
+    const CacheTable* table = tls_table;
+    if (__builtin_expect(table != nullptr, 1)) {
+      ThreadCache* c = table->slot[slot_];
+      if (__builtin_expect(c != nullptr && c->generation == generation_ && c->count > 0, 1)) return c->items[--c->count];
+    }
+  }
+  return get_slow();
+}
+
+Packet* PacketPool::get_slow() noexcept {
   if (cached_) {
     ThreadCache* c = cache();
     if (c != nullptr) {
@@ -197,6 +211,20 @@ std::uint32_t PacketPool::take_shared(Packet** out, std::uint32_t n) noexcept {
 }
 
 void PacketPool::put(Packet* packet) noexcept {
+  if (__builtin_expect(cached_, 1)) {
+    const CacheTable* table = tls_table;
+    if (__builtin_expect(table != nullptr, 1)) {
+      ThreadCache* c = table->slot[slot_];
+      if (__builtin_expect(c != nullptr && c->generation == generation_ && c->count != cache_cap_, 1)) {
+        c->items[c->count++] = packet;
+        return;
+      }
+    }
+  }
+  put_slow(packet);
+}
+
+void PacketPool::put_slow(Packet* packet) noexcept {
   if (cached_) {
     ThreadCache* c = cache();
     if (c != nullptr) {

@@ -178,6 +178,9 @@ class PacketPool {
 
  private:
   ThreadCache* cache() noexcept;
+  // get and put when this thread's cache is empty, full, missing or stale.
+  [[gnu::noinline]] Packet* get_slow() noexcept;
+  [[gnu::noinline]] void put_slow(Packet* packet) noexcept;
   [[gnu::noinline]] ThreadCache* cache_slow(ThreadCache*& c) noexcept;  // a new thread, or a new pool in the slot
   // Moves up to `n` packets from the shared list into `out`; returns how many (one CAS).
   std::uint32_t take_shared(Packet** out, std::uint32_t n) noexcept;

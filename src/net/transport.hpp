@@ -10,12 +10,20 @@
 //    concurrently, unless the device's lock model serialises them; a backend adds no lock of
 //    its own where its structures are lock-free. post_recv, poll and cancel_all are called
 //    only by the thread that holds the device's poll lock, one at a time.
+//  - Receives take one of two shapes (Caps::receives). A `posted` backend (libfabric, UCX)
+//    fills buffers the core posted with post_recv, each producing its event. A `lent` backend
+//    (ferry's shm, self) takes no posted receives (post_recv returns -ENOSYS): each poll
+//    returns arrived messages where they lie, as events with a null context and Event::lent
+//    set, at most lend_limit() of them (the core sets it before each poll to the packets it
+//    holds for them). A message waits in the backend until a poll has room for it; the
+//    poll's other events do not wait for that room.
 //  - Every post returns 0 (accepted), -EAGAIN (no resources now: the core answers retry) or
 //    another negative errno value (the operation cannot be done; the core reports it). No post
 //    blocks.
 //  - inject copies the message at once and produces no event. send, post_recv, put, put_data
 //    and get each produce exactly one event carrying their OpContext, success or error,
-//    from a later poll. inject_put produces none.
+//    from a later poll. inject_put produces none. A lent message produces one event, with no
+//    context.
 //  - A put_data also produces, at the target, one event with remote_write set, the data and
 //    the length, after the written bytes are visible there.
 //  - Messages from one sender to one receiver on one transport arrive in the order sent.
@@ -33,6 +41,12 @@
 #include "net/op_context.hpp"
 
 namespace ferry::net {
+
+// How a backend hands the core an arrived message (see the contract above).
+enum class Receives : std::uint8_t {
+  posted,  // into a buffer the core posted (post_recv), the event carrying its context
+  lent,    // where the backend holds it (Event::lent), readable until the next poll
+};
 
 // What a backend can do. The core reads it once per device and obeys it on every operation.
 struct Caps {
@@ -54,6 +68,7 @@ struct Caps {
   bool gather_inject = false;
   // get_pushed() differs from get() for some peers: the target writes the data on request.
   bool pushed_get = false;
+  Receives receives = Receives::posted;
 };
 
 // How large data moves between processes of one host (FERRY_SHM_COPY): detect cross-memory
@@ -99,10 +114,10 @@ struct Event {
   std::int32_t rank = -1;   // the peer: the sender of a recv or remote_write, the target of a post; -1 unknown
   std::int32_t error = 0;   // 0, or a negative errno value (-EMSGSIZE: truncated, -ECANCELED, -EIO, ...)
   bool remote_write = false;
-  // A recv of a transport lending its receives (lend_receives()): the message's `length` bytes
-  // in the transport's own memory, readable until the next poll; the posted buffer is used up
-  // but was not written. Another process may still write there: copy before checking. (A
-  // transport may still copy some messages, small ones say, into the posted buffer.)
+  // A message of a lent backend (Receives::lent; context null): its `length` bytes in the
+  // backend's own memory, readable until the next poll of this transport (or, delivered
+  // inline, until the sink returns). Another process may still write there: copy before
+  // checking.
   const unsigned char* lent = nullptr;
   // An operation to a failed peer that the transport gave up on (error -EHOSTDOWN), see
   // Transport::peer_failed: the backend may still hold the context, so the core must never
@@ -159,12 +174,13 @@ class Transport {
   }
 
   // Up to `max` events; returns how many. Writes every field of events[0..n): the caller's
-  // array may be uninitialized.
+  // array may be uninitialized. A lent backend's messages lent by the previous poll are
+  // released by this one.
   virtual int poll(Event* events, int max) = 0;
-  // Asks for arrived messages in place (Event::lent) rather than copied into the posted
-  // buffers, so a receiver that moves the bytes elsewhere anyway (reassembly) copies once.
-  // Returns whether the transport does so from now on; the default does not.
-  virtual bool lend_receives() { return false; }
+  // A lent backend's polls lend at most `n` messages (the poll lock holder sets it before a
+  // poll; a plain store, read by the poll on the same thread).
+  void set_lend_limit(int n) noexcept { lend_limit_ = n; }
+  int lend_limit() const noexcept { return lend_limit_; }
   // Asks the transport to hand arrived messages to `sink` from inside its poll, as soon as it
   // has filled the oldest posted receive, instead of returning them as events of the poll (the
   // event is the same). Which ones is the transport's choice (UCX: those its data callback
@@ -197,6 +213,7 @@ class Transport {
 
  protected:
   Caps caps_;
+  int lend_limit_ = 0;
 };
 
 // "fi_send: Resource temporarily unavailable (-11)"-style text for a post's result.

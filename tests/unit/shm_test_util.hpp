@@ -18,7 +18,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -42,9 +44,6 @@ using ferry::net::shm::ShmTransport;
 inline constexpr std::size_t kPayload = 8192;
 using Clock = std::chrono::steady_clock;
 
-inline std::unique_ptr<ShmTransport> make(int rank, int size, ShmCopy copy, std::size_t cells = 256) {
-  return std::make_unique<ShmTransport>(ShmParams{rank, size, 0, kPayload, cells, copy});
-}
 
 // Names in /dev/shm that belong to pid.
 inline std::vector<std::string> segments_of(int pid) {
@@ -74,12 +73,50 @@ inline std::size_t check(const unsigned char* p, std::size_t n, unsigned seed) {
 }
 
 // Polls until `done` says so or the deadline passes; every event goes to `on`.
+// Receive buffers a test posts (post), as a posted-receive backend would take them: poll_until
+// lends at most as many messages as are posted, copies each into the oldest posted buffer
+// (-EMSGSIZE past its length) and reports it with that buffer's context. The transport itself
+// lends (Receives::lent); tests that read the loans directly post nothing.
+struct PostedRecv {
+  void* buf;
+  std::size_t len;
+  OpContext* ctx;
+};
+inline std::map<const ShmTransport*, std::deque<PostedRecv>>& posted_recvs() {
+  static std::map<const ShmTransport*, std::deque<PostedRecv>> m;
+  return m;
+}
+inline void post(ShmTransport& t, void* buf, std::size_t len, OpContext* ctx) { posted_recvs()[&t].push_back({buf, len, ctx}); }
+inline void forget_posted(ShmTransport& t) { posted_recvs().erase(&t); }
+
+inline std::unique_ptr<ShmTransport> make(int rank, int size, ShmCopy copy, std::size_t cells = 256) {
+  auto t = std::make_unique<ShmTransport>(ShmParams{rank, size, 0, kPayload, cells, copy});
+  t->set_lend_limit(16);  // as many as poll_until takes in one poll
+  posted_recvs().erase(t.get());  // a transport an earlier test made at this address posted these
+  return t;
+}
+
 inline bool poll_until(ShmTransport& t, const std::function<void(const Event&)>& on, const std::function<bool()>& done,
                 double seconds = 60) {
   const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
   Event ev[16];
   while (!done()) {
+    const auto found = posted_recvs().find(&t);
+    std::deque<PostedRecv>* posted = found != posted_recvs().end() ? &found->second : nullptr;
+    if (posted != nullptr) t.set_lend_limit(static_cast<int>(std::min<std::size_t>(posted->size(), 16)));
     const int n = t.poll(ev, 16);
+    for (int i = 0; i < n; ++i) {
+      if (posted != nullptr && ev[i].lent != nullptr) {
+        const PostedRecv r = posted->front();
+        posted->pop_front();
+        const std::size_t copied = std::min(ev[i].length, r.len);
+        std::memcpy(r.buf, ev[i].lent, copied);
+        ev[i].error = ev[i].length <= r.len ? 0 : -EMSGSIZE;
+        ev[i].length = copied;
+        ev[i].context = r.ctx;
+        ev[i].lent = nullptr;
+      }
+    }
     for (int i = 0; i < n; ++i) on(ev[i]);
     if (n == 0 && Clock::now() > deadline) return false;
   }

@@ -1,5 +1,5 @@
 // The shared-memory transport in one process talking to itself: parameters, caps, segment
-// lifetime, messages and truncation, many threads posting at once, copy-mode RMA (also from
+// lifetime, lent messages, many threads posting at once, copy-mode RMA (also from
 // many threads), malformed cells and foreign segments.
 #include <algorithm>
 #include <exception>
@@ -83,8 +83,9 @@ TEST(ShmTransport, SelfMessagesEventsAndTruncation) {
   EXPECT_EQ(t->inject(0, big.data(), kPayload + 1), -EMSGSIZE);
   EXPECT_EQ(t->inject(1, big.data(), 8), -EHOSTUNREACH);
 
-  // Nothing posted: the messages wait (only send's local event comes out).
+  // No room to lend: the messages wait (only send's local event comes out).
   Event ev[8];
+  t->set_lend_limit(0);
   int n = t->poll(ev, 8);
   ASSERT_EQ(n, 1);
   EXPECT_EQ(ev[0].context, &send_ctx);
@@ -92,34 +93,37 @@ TEST(ShmTransport, SelfMessagesEventsAndTruncation) {
   EXPECT_EQ(ev[0].error, 0);
   EXPECT_EQ(t->poll(ev, 8), 0);
 
-  OpContext r[3];
-  std::vector<unsigned char> b0(64), b1(kPayload), b2(8);
-  ASSERT_EQ(t->post_recv(b0.data(), b0.size(), nullptr, &r[0]), 0);
-  ASSERT_EQ(t->post_recv(b1.data(), b1.size(), nullptr, &r[1]), 0);
-  ASSERT_EQ(t->post_recv(b2.data(), b2.size(), nullptr, &r[2]), 0);
+  // Receives are lent, never posted: each message comes in its cell, in order, with no context.
+  EXPECT_EQ(t->caps().receives, ferry::net::Receives::lent);
+  OpContext r;
+  unsigned char b0[8];
+  EXPECT_EQ(t->post_recv(b0, sizeof b0, nullptr, &r), -ENOSYS);
+  t->set_lend_limit(2);
   n = t->poll(ev, 8);
-  ASSERT_EQ(n, 3);
-  EXPECT_EQ(ev[0].context, &r[0]);
+  ASSERT_EQ(n, 2) << "at most the lend limit";
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(ev[i].context, nullptr);
+    EXPECT_EQ(ev[i].rank, 0);
+    EXPECT_EQ(ev[i].error, 0);
+    ASSERT_NE(ev[i].lent, nullptr);
+  }
   EXPECT_EQ(ev[0].length, 8u);
-  EXPECT_EQ(ev[0].rank, 0);
-  EXPECT_EQ(ev[0].error, 0);
-  EXPECT_EQ(std::memcmp(b0.data(), &eight, 8), 0);
-  EXPECT_EQ(ev[1].context, &r[1]);
+  EXPECT_EQ(std::memcmp(ev[0].lent, &eight, 8), 0);
   EXPECT_EQ(ev[1].length, kPayload);
-  EXPECT_EQ(check(b1.data(), kPayload, 5), kPayload);
-  EXPECT_EQ(ev[2].context, &r[2]);
-  EXPECT_EQ(ev[2].error, -EMSGSIZE) << "16 bytes into an 8-byte receive";
-  EXPECT_EQ(ev[2].length, 8u);
-  EXPECT_EQ(check(b2.data(), 8, 5), 8u);
+  EXPECT_EQ(check(ev[1].lent, kPayload, 5), kPayload);
+  n = t->poll(ev, 8);
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(ev[0].length, 16u);
+  EXPECT_EQ(check(ev[0].lent, 16, 5), 16u);
 
-  // A full queue refuses, and cancel_all forgets posted receives.
+  // A full queue refuses (once the last poll's lent cells are back).
+  t->set_lend_limit(0);
+  EXPECT_EQ(t->poll(ev, 8), 0);
   int accepted = 0;
   while (t->inject(0, &eight, 8) == 0) ++accepted;
   EXPECT_EQ(accepted, 256);
   EXPECT_EQ(t->inject(0, &eight, 8), -EAGAIN);
-  ASSERT_EQ(t->post_recv(b0.data(), b0.size(), nullptr, &r[0]), 0);
   t->cancel_all();
-  EXPECT_EQ(t->poll(ev, 8), 0);
 }
 
 // inject_parts: the header and the body land back to back in one message; the sum is held to
@@ -135,58 +139,42 @@ TEST(ShmTransport, InjectPartsGathersHeaderAndBody) {
   EXPECT_EQ(t->inject_parts(0, head, 3, body.data(), body.size() + 1), -EMSGSIZE);
   EXPECT_EQ(t->inject_parts(1, head, 3, body.data(), 1), -EHOSTUNREACH);
   ASSERT_EQ(t->inject_parts(0, nullptr, 0, nullptr, 0), 0);
-  OpContext r[2];
-  std::vector<unsigned char> b(kPayload, 0), e(8, 0xee);
-  ASSERT_EQ(t->post_recv(b.data(), b.size(), nullptr, &r[0]), 0);
-  ASSERT_EQ(t->post_recv(e.data(), e.size(), nullptr, &r[1]), 0);
   Event ev[4];
   ASSERT_EQ(t->poll(ev, 4), 2);
   EXPECT_EQ(ev[0].length, kPayload);
-  EXPECT_EQ(std::memcmp(b.data(), head, 3), 0);
-  EXPECT_EQ(check(b.data() + 3, body.size(), 7), body.size());
+  ASSERT_NE(ev[0].lent, nullptr);
+  EXPECT_EQ(std::memcmp(ev[0].lent, head, 3), 0);
+  EXPECT_EQ(check(ev[0].lent + 3, body.size(), 7), body.size());
   EXPECT_EQ(ev[1].length, 0u);
   EXPECT_EQ(ev[1].error, 0);
 }
 
-// Small messages are copied inline (common/small_copy.hpp) on both sides: every split of a
-// message of up to 48 bytes into header and body arrives byte for byte, and the receive writes
-// nothing past the message (nor past a smaller receive buffer, which truncates).
+// Small messages are copied inline (common/small_copy.hpp): every split of a message of up to
+// 48 bytes into header and body arrives byte for byte.
 TEST(ShmTransport, SmallMessagesArriveExactlyAtEverySplit) {
   auto t = make(0, 1, ShmCopy::automatic);
   t->connect({t->address()});
   t->connected();
   std::vector<unsigned char> src(48);
   fill(src.data(), src.size(), 3);
-  constexpr std::size_t kGuard = 16;
   for (std::size_t total = 0; total <= src.size(); ++total) {
     for (std::size_t head = 0; head <= total; ++head) {
-      for (const std::size_t room : {total, std::size_t{8}}) {
-        ASSERT_EQ(t->inject_parts(0, src.data(), head, src.data() + head, total - head), 0);
-        std::vector<unsigned char> b(room + kGuard, 0xee);
-        OpContext r;
-        ASSERT_EQ(t->post_recv(b.data(), room, nullptr, &r), 0);
-        Event ev[2];
-        ASSERT_EQ(t->poll(ev, 2), 1);
-        const std::size_t got = std::min(total, room);
-        ASSERT_EQ(ev[0].length, got) << "total " << total << " head " << head << " room " << room;
-        ASSERT_EQ(ev[0].error, total <= room ? 0 : -EMSGSIZE);
-        ASSERT_EQ(std::memcmp(b.data(), src.data(), got), 0) << "total " << total << " head " << head;
-        for (std::size_t i = got; i < b.size(); ++i) {
-          ASSERT_EQ(b[i], 0xee) << "byte " << i << " written; total " << total << " head " << head << " room " << room;
-        }
-      }
+      ASSERT_EQ(t->inject_parts(0, src.data(), head, src.data() + head, total - head), 0);
+      Event ev[2];
+      ASSERT_EQ(t->poll(ev, 2), 1);
+      ASSERT_EQ(ev[0].length, total) << "total " << total << " head " << head;
+      ASSERT_EQ(ev[0].error, 0);
+      ASSERT_EQ(std::memcmp(ev[0].lent, src.data(), total), 0) << "total " << total << " head " << head;
     }
   }
 }
 
-// Lending: a received message comes in its cell (the posted buffer stays untouched), the
-// cell stays out of the senders' reach until the next poll; a truncating receive and a small
-// message are still copied.
+// Lending: a message stays in its cell, out of the senders' reach, until the next poll; a
+// poll lends at most its limit, and the rest wait in their cells.
 TEST(ShmTransport, LentReceivesStayUntilTheNextPoll) {
   auto t = make(0, 1, ShmCopy::automatic, 4);
   t->connect({t->address()});
   t->connected();
-  ASSERT_TRUE(t->lend_receives());
   std::vector<unsigned char> a(512), b(512), big(600);
   fill(a.data(), a.size(), 1);
   fill(b.data(), b.size(), 2);
@@ -196,31 +184,26 @@ TEST(ShmTransport, LentReceivesStayUntilTheNextPoll) {
   ASSERT_EQ(t->inject(0, b.data(), b.size()), 0);
   ASSERT_EQ(t->inject(0, big.data(), big.size()), 0);
   ASSERT_EQ(t->inject(0, &eight, 8), 0);
-  OpContext r[4];
-  std::vector<unsigned char> b0(512, 0), b1(512, 0), b2(512, 0), b3(8, 0);
-  ASSERT_EQ(t->post_recv(b0.data(), b0.size(), nullptr, &r[0]), 0);
-  ASSERT_EQ(t->post_recv(b1.data(), b1.size(), nullptr, &r[1]), 0);
-  ASSERT_EQ(t->post_recv(b2.data(), b2.size(), nullptr, &r[2]), 0);
-  ASSERT_EQ(t->post_recv(b3.data(), b3.size(), nullptr, &r[3]), 0);
   Event ev[8];
-  ASSERT_EQ(t->poll(ev, 8), 4);
-  ASSERT_NE(ev[0].lent, nullptr);
-  EXPECT_EQ(ev[0].context, &r[0]);
+  t->set_lend_limit(2);
+  ASSERT_EQ(t->poll(ev, 8), 2);
   EXPECT_EQ(ev[0].length, 512u);
   EXPECT_EQ(check(ev[0].lent, 512, 1), 512u);
-  ASSERT_NE(ev[1].lent, nullptr);
   EXPECT_EQ(check(ev[1].lent, 512, 2), 512u);
-  EXPECT_EQ(std::count(b0.begin(), b0.end(), 0), 512) << "a lent receive leaves its buffer alone";
-  EXPECT_EQ(ev[2].lent, nullptr) << "600 bytes for a 512-byte receive: copied and truncated";
-  EXPECT_EQ(ev[2].error, -EMSGSIZE);
-  EXPECT_EQ(check(b2.data(), 512, 3), 512u);
-  EXPECT_EQ(ev[3].lent, nullptr) << "8 bytes are copied, not lent";
-  EXPECT_EQ(std::memcmp(b3.data(), &eight, 8), 0);
-  // Four cells in a ring, the first two still lent: the queue is full until the next poll.
+  // Four cells in a ring, two lent and two waiting: the queue is full.
   EXPECT_EQ(t->inject(0, &eight, 8), -EAGAIN);
-  // The next poll (nothing posted, nothing queued) gives the lent cells back: all four free.
+  t->set_lend_limit(8);
+  ASSERT_EQ(t->poll(ev, 8), 2) << "the two that waited";
+  EXPECT_EQ(ev[0].length, 600u);
+  EXPECT_EQ(check(ev[0].lent, 600, 3), 600u);
+  EXPECT_EQ(ev[1].length, 8u);
+  EXPECT_EQ(std::memcmp(ev[1].lent, &eight, 8), 0);
+  // The first two cells came back with that poll; the last two are lent until the next.
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(t->inject(0, &eight, 8), 0) << i;
+  EXPECT_EQ(t->inject(0, &eight, 8), -EAGAIN);
+  t->set_lend_limit(0);
   EXPECT_EQ(t->poll(ev, 8), 0);
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(t->inject(0, &eight, 8), 0) << i;
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(t->inject(0, &eight, 8), 0) << i;
   EXPECT_EQ(t->inject(0, &eight, 8), -EAGAIN);
   t->cancel_all();
 }
@@ -240,10 +223,9 @@ TEST(ShmTransport, PutDataNoticeWaitsForRoom) {
   ASSERT_EQ(t->put_data(0, src.data(), src.size(), nullptr, 99, reinterpret_cast<std::uintptr_t>(win.data()), 0, &c), 0);
   EXPECT_EQ(check(win.data(), win.size(), 3), win.size()) << "the write is done at post";
   Event ev[8];
-  EXPECT_EQ(t->poll(ev, 8), 0) << "no room for the notice, no receive for the messages";
-  OpContext r[4];
-  std::uint64_t b[4];
-  for (int i = 0; i < 4; ++i) t->post_recv(&b[i], 8, nullptr, &r[i]);
+  t->set_lend_limit(0);
+  EXPECT_EQ(t->poll(ev, 8), 0) << "no room for the notice, none to lend the messages";
+  t->set_lend_limit(4);
   int recvs = 0, put_events = 0, notices = 0;
   ASSERT_TRUE(poll_until(
       *t,
@@ -254,8 +236,10 @@ TEST(ShmTransport, PutDataNoticeWaitsForRoom) {
           ++notices;
         } else if (e.context == &c) {
           ++put_events;
-        } else {
+        } else if (e.lent != nullptr && e.length == 8) {
           ++recvs;
+        } else {
+          ADD_FAILURE() << "an unexpected event";
         }
       },
       [&] { return recvs == 4 && put_events == 1 && notices == 1; }, 10));
@@ -291,10 +275,6 @@ TEST(ShmTransport, ManyThreadsPostConcurrently) {
       finished.fetch_add(1, std::memory_order_release);
     });
   }
-  constexpr int kRecvs = 32;
-  OpContext rctx[kRecvs];
-  std::uint64_t rbuf[kRecvs][2];
-  for (int i = 0; i < kRecvs; ++i) ASSERT_EQ(t->post_recv(rbuf[i], sizeof rbuf[i], nullptr, &rctx[i]), 0);
   gate.open();
   std::vector<std::uint64_t> next(kThreads, 0);
   std::vector<std::vector<char>> seen(kThreads, std::vector<char>(per / 4 + 1, 0));
@@ -304,17 +284,17 @@ TEST(ShmTransport, ManyThreadsPostConcurrently) {
   const bool done = poll_until(
       *t,
       [&](const Event& e) {
-        if (e.context >= &rctx[0] && e.context < &rctx[kRecvs]) {
-          const auto i = static_cast<std::size_t>(ferry::detail::OpContext::of(e.context) - &rctx[0]);
-          const std::uint64_t th = rbuf[i][0], seq = rbuf[i][1];
-          if (e.error != 0 || e.length != 16 || th >= kThreads || seq != next[th]) {
+        if (e.lent != nullptr) {
+          std::uint64_t m[2] = {~0ULL, ~0ULL};
+          if (e.length == sizeof m) std::memcpy(m, e.lent, sizeof m);
+          const std::uint64_t th = m[0], seq = m[1];
+          if (e.error != 0 || e.context != nullptr || e.length != 16 || th >= kThreads || seq != next[th]) {
             if (ok) ADD_FAILURE() << "thread " << th << " message " << seq << " (error " << e.error << ")";
             ok = false;
           } else {
             ++next[th];
           }
           ++received;
-          ASSERT_EQ(t->post_recv(rbuf[i], sizeof rbuf[i], nullptr, &rctx[i]), 0);
           return;
         }
         for (int th = 0; th < kThreads; ++th) {
@@ -509,16 +489,14 @@ TEST(ShmTransport, MalformedCellsAreSkipped) {
   push(3, 8, 0, reinterpret_cast<std::uintptr_t>(&name));          // a put into unregistered memory
   push(4, 3, 0);                                                   // a short get request
   push(1, 8, 0);                                                   // the one good message
-  OpContext r;
-  unsigned char buf[16] = {};
-  ASSERT_EQ(t->post_recv(buf, sizeof buf, nullptr, &r), 0);
   Event ev[4];
   int n = 0;
   for (int i = 0; i < 4 && n == 0; ++i) n = t->poll(ev, 4);
   ASSERT_EQ(n, 1);
-  EXPECT_EQ(ev[0].context, &r);
+  EXPECT_EQ(ev[0].context, nullptr);
   EXPECT_EQ(ev[0].length, 8u);
-  EXPECT_EQ(buf[0], 0x5a);
+  ASSERT_NE(ev[0].lent, nullptr);
+  EXPECT_EQ(ev[0].lent[0], 0x5a);
   EXPECT_EQ(t->poll(ev, 4), 0);
 }
 

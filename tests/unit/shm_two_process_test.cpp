@@ -95,7 +95,7 @@ int child_main(const Link& link, ShmCopy copy) {
   constexpr int kRecvs = 4;
   OpContext rctx[kRecvs];
   Cmd cmd[kRecvs];
-  for (int i = 0; i < kRecvs; ++i) t.post_recv(&cmd[i], sizeof cmd[i], nullptr, &rctx[i]);
+  for (int i = 0; i < kRecvs; ++i) post(t, &cmd[i], sizeof cmd[i], &rctx[i]);
   const auto reply = [&](const Reply& r) {
     int rc;
     Event ev[8];
@@ -116,7 +116,7 @@ int child_main(const Link& link, ShmCopy copy) {
         for (int i = 0; i < kRecvs; ++i) {
           if (ev.context != &rctx[i]) continue;
           const Cmd c = cmd[i];
-          t.post_recv(&cmd[i], sizeof cmd[i], nullptr, &rctx[i]);
+          post(t, &cmd[i], sizeof cmd[i], &rctx[i]);
           if (c.op == kQuit) {
             quit = true;
           } else if (c.op == kVerify) {
@@ -175,7 +175,7 @@ void parent_main(const Link& link, ShmCopy copy, pid_t child) {
                                                    std::vector<unsigned char>(kPayload),
                                                    std::vector<unsigned char>(kPayload), std::vector<unsigned char>(8)};
   OpContext rctx[4];
-  for (int i = 0; i < 4; ++i) t.post_recv(bufs[i].data(), bufs[i].size(), nullptr, &rctx[i]);
+  for (int i = 0; i < 4; ++i) post(t, bufs[i].data(), bufs[i].size(), &rctx[i]);
   std::vector<Event> got;
   ASSERT_TRUE(poll_until(t, [&](const Event& e) { got.push_back(e); }, [&] { return got.size() >= 4; }));
   ASSERT_EQ(got.size(), 4u);
@@ -195,7 +195,7 @@ void parent_main(const Link& link, ShmCopy copy, pid_t child) {
   OpContext self_r, self_s;
   std::uint64_t self_in = 0;
   const std::uint64_t self_out = 77;
-  t.post_recv(&self_in, 8, nullptr, &self_r);
+  post(t, &self_in, 8, &self_r);
   ASSERT_EQ(t.send(0, &self_out, 8, nullptr, &self_s), 0);
   int self_events = 0;
   ASSERT_TRUE(poll_until(
@@ -207,7 +207,7 @@ void parent_main(const Link& link, ShmCopy copy, pid_t child) {
   constexpr int kRecvs = 4;
   OpContext rr[kRecvs];
   Reply rbuf[kRecvs];
-  for (int i = 0; i < kRecvs; ++i) t.post_recv(&rbuf[i], sizeof rbuf[i], nullptr, &rr[i]);
+  for (int i = 0; i < kRecvs; ++i) post(t, &rbuf[i], sizeof rbuf[i], &rr[i]);
   const auto next_reply = [&](Reply& out, const std::function<void(const Event&)>& other = {}) {
     bool have = false;
     const bool ok = poll_until(
@@ -217,7 +217,7 @@ void parent_main(const Link& link, ShmCopy copy, pid_t child) {
             if (e.context == &rr[i] && !have) {
               out = rbuf[i];
               have = true;
-              t.post_recv(&rbuf[i], sizeof rbuf[i], nullptr, &rr[i]);
+              post(t, &rbuf[i], sizeof rbuf[i], &rr[i]);
               return;
             }
           }
@@ -382,7 +382,7 @@ TEST(ShmTransportTwoProcesses, ManyThreadsSendAcrossProcesses) {
     constexpr int kRecvs = 16;
     OpContext rctx[kRecvs];
     std::uint64_t rbuf[kRecvs][2];
-    for (int i = 0; i < kRecvs; ++i) t->post_recv(rbuf[i], sizeof rbuf[i], nullptr, &rctx[i]);
+    for (int i = 0; i < kRecvs; ++i) post(*t, rbuf[i], sizeof rbuf[i], &rctx[i]);
     std::vector<std::uint64_t> next(kThreads, 0);
     std::uint64_t received = 0;
     bool ok = true;
@@ -403,7 +403,7 @@ TEST(ShmTransportTwoProcesses, ManyThreadsSendAcrossProcesses) {
             ++next[th];
           }
           ++received;
-          t->post_recv(rbuf[i], sizeof rbuf[i], nullptr, &rctx[i]);
+          post(*t, rbuf[i], sizeof rbuf[i], &rctx[i]);
         },
         [&] { return !ok || received == kThreads * per; }, 120);
     EXPECT_TRUE(done) << received << " of " << kThreads * per;

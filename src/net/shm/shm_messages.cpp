@@ -1,7 +1,7 @@
 // shm_messages.cpp — the shared-memory transport's message path: inject and send into the
-// target's cell queue, posted receives, and poll, which hands out local completions and drains
-// this rank's queue (messages into posted receives or lent, remote writes, and the RMA cells
-// it passes to shm_rma.cpp).
+// target's cell queue, and poll, which hands out local completions and drains this rank's
+// queue (messages lent where they lie, remote writes, and the RMA cells it passes to
+// shm_rma.cpp).
 #include "net/shm/shm_transport.hpp"
 
 #include <cerrno>
@@ -40,28 +40,12 @@ int ShmTransport::send(int rank, const void* buf, std::size_t len, void*, OpCont
   return rc;
 }
 
-int ShmTransport::post_recv(void* buf, std::size_t len, void*, OpContext* ctx) {
-  auto* n = new (ctx->backend) RecvNode{};
-  n->ctx = ctx;
-  n->buf = static_cast<unsigned char*>(buf);
-  n->len = len;
-  if (recv_tail_ != nullptr) {
-    recv_tail_->next = n;
-  } else {
-    recv_head_ = n;
-  }
-  recv_tail_ = n;
-  return 0;
-}
+// Receives are lent (Caps::receives): nothing to post, nothing to give up.
+int ShmTransport::post_recv(void*, std::size_t, void*, OpContext*) { return -ENOSYS; }
 
-void ShmTransport::cancel_all() noexcept { recv_head_ = recv_tail_ = nullptr; }
+void ShmTransport::cancel_all() noexcept {}
 
 // --- Progress ------------------------------------------------------------------------------
-
-bool ShmTransport::lend_receives() {
-  lending_ = true;
-  return true;
-}
 
 int ShmTransport::poll(Event* events, int max) {
   int n = 0;
@@ -81,15 +65,22 @@ int ShmTransport::poll(Event* events, int max) {
     ev.error = d->error;
   }
   // At most one queue's worth of cells per poll, so a stream of chunks cannot hold it forever.
-  bool waiting = false;  // a message at the head has no posted receive
-  for (std::uint64_t budget = rx_.count(); n < max && budget > 0 && !waiting; --budget) {
-    CellHeader* c = rx_.peek(head_);
+  // The reader's position, the lent count and the limits live in locals through the loop: an
+  // Event's stores could otherwise alias them, and each would be reloaded per message. They go
+  // back to the members before anything out of line runs.
+  std::uint64_t head = head_;
+  int lent = 0;
+  const int lend_limit = lend_limit_;
+  const std::uint32_t payload_max = static_cast<std::uint32_t>(cell_payload_);
+  const int size = size_;
+  for (std::uint64_t budget = rx_.count(); n < max && budget > 0; --budget) {
+    CellHeader* c = rx_.peek(head);
     if (c == nullptr) {
       // A sender that died between claiming this cell and publishing it never will.
       if (!failed_.empty() &&
-          rx_.skip_dead_claim(head_, [this](int r) { return r >= 0 && r < size_ && failed_[static_cast<std::size_t>(r)] != 0; })) {
+          rx_.skip_dead_claim(head, [this](int r) { return r >= 0 && r < size_ && failed_[static_cast<std::size_t>(r)] != 0; })) {
         FERRY_LOG(warn, "shm: passed a queue cell a failed rank claimed and never published");
-        ++head_;
+        ++head;
         continue;
       }
       break;
@@ -98,41 +89,26 @@ int ShmTransport::poll(Event* events, int max) {
     const std::uint32_t kind = c->kind;
     const std::uint32_t len = c->length;
     const std::int32_t src = c->rank;
-    if (kind == 0 || kind > kCellKindMax || len > cell_payload_ || src < 0 || src >= size_) {
+    const bool well_formed = len <= payload_max && src >= 0 && src < size;
+    if (__builtin_expect(kind == static_cast<std::uint32_t>(CellKind::message) && well_formed, 1)) {
+      // No room for it in this poll: it waits in its cell, and so does every cell behind it.
+      if (lent >= lend_limit) break;
+      Event& ev = events[n++];
+      ev = Event{};
+      ev.rank = src;
+      ev.length = len;
+      ev.lent = cell_payload(c);
+      if (lent++ == 0) lent_first_ = head;
+      ++head;
+      continue;  // the cell stays the caller's until the next poll
+    }
+    head_ = head;
+    lent_count_ = lent;
+    if (kind == 0 || kind > kCellKindMax || !well_formed) {
       FERRY_LOG(warn, "shm: skipped a malformed cell (kind %u, length %u, rank %d)", kind, len, src);
     } else {
       switch (static_cast<CellKind>(kind)) {
-        case CellKind::message: {
-          RecvNode* r = recv_head_;
-          if (r == nullptr) {  // no receive posted: the message waits in its cell
-            waiting = true;
-            continue;  // skips the release below: the cell stays at the head
-          }
-          // A few cache lines are cheaper to copy at once than to lend and account for.
-          const bool lend = lending_ && len > kLendAbove && len <= r->len;
-          if (lend && lent_count_ == kMaxLent) {
-            waiting = true;  // the next poll releases the lent cells, then lends again
-            continue;
-          }
-          recv_head_ = r->next;
-          if (recv_head_ == nullptr) recv_tail_ = nullptr;
-          Event& ev = events[n++];
-          ev = Event{};
-          ev.context = r->ctx;
-          ev.rank = src;
-          if (lend) {
-            ev.length = len;
-            ev.lent = cell_payload(c);
-            if (lent_count_++ == 0) lent_first_ = head_;
-            ++head_;
-            continue;  // the cell stays the caller's until the next poll
-          }
-          const std::size_t copied = len <= r->len ? len : r->len;
-          detail::copy_small(r->buf, cell_payload(c), copied);
-          ev.length = copied;
-          ev.error = len <= r->len ? 0 : -EMSGSIZE;
-          break;
-        }
+        case CellKind::message: break;  // taken above
         case CellKind::remote_write: {
           Event& ev = events[n++];
           ev = Event{};
@@ -153,8 +129,14 @@ int ShmTransport::poll(Event* events, int max) {
         case CellKind::nop: break;
       }
     }
-    ++head_;
+    ++head;
   }
+  head_ = head;
+  lent_count_ = lent;
+  return finish_poll(n);
+}
+
+int ShmTransport::finish_poll(int n) {
   // Producers may reuse every cell below the first one lent out, or below head_. One store per
   // poll that moved, to a line only producers that found the queue full read.
   const std::uint64_t free_below = lent_count_ > 0 ? lent_first_ : head_;

@@ -10,9 +10,10 @@
 //    allocation on the message path, sender or receiver.
 //  - send() and every RMA post complete locally: their events go through a lock-free MPSC
 //    list linked through the OpContext's backend bytes and come out of a later poll.
-//  - Posted receives form a FIFO, also linked through the backend bytes (poll-lock holder
-//    only). An arrived message waits in its cell until a receive is posted: back-pressure
-//    reaches the senders as -EAGAIN, nothing is dropped.
+//  - Receives are lent (Receives::lent): poll hands each arrived message to the core where
+//    it lies, in its cell, and frees the cells at the next poll. A message waits in its cell
+//    until a poll has room for it: back-pressure reaches the senders as -EAGAIN, nothing is
+//    dropped.
 //  - RMA: registration is a local record (key 0, no desc). With cross-memory attach (CMA)
 //    put/get are one process_vm_writev/readv at post time, complete at once, and need no
 //    progress from the target. put_data then posts a "remote write" cell; if the target's
@@ -88,12 +89,6 @@ struct DoneNode {  // a local completion waiting for poll
   std::int32_t rank = -1;
   std::int32_t error = 0;
 };
-struct RecvNode {  // a posted receive
-  RecvNode* next = nullptr;
-  OpContext* ctx = nullptr;
-  unsigned char* buf = nullptr;
-  std::size_t len = 0;
-};
 struct PutNode {  // a put still pushing chunks (copy mode) or its put_data notice
   std::atomic<PutNode*> next{nullptr};
   OpContext* ctx = nullptr;
@@ -106,7 +101,6 @@ struct PutNode {  // a put still pushing chunks (copy mode) or its put_data noti
   std::uint32_t notify = 0;  // a put_data: a remote-write cell follows the chunks
 };
 static_assert(sizeof(DoneNode) <= OpContext::kBackendBytes && alignof(DoneNode) <= 8);
-static_assert(sizeof(RecvNode) <= OpContext::kBackendBytes && alignof(RecvNode) <= 8);
 static_assert(sizeof(PutNode) <= OpContext::kBackendBytes && alignof(PutNode) <= 8);
 
 class ShmTransport final : public Transport {
@@ -133,7 +127,6 @@ class ShmTransport final : public Transport {
   int get_pushed(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
                  OpContext* ctx) override;
   int poll(Event* events, int max) override;
-  bool lend_receives() override;
   int inject_parts(int rank, const void* head, std::size_t head_len, const void* body, std::size_t body_len) override;
   Registration* register_memory(const void* buf, std::size_t len, Access access) override;
   void deregister(Registration* r) noexcept override;
@@ -223,15 +216,12 @@ class ShmTransport final : public Transport {
   std::unique_ptr<Peer[]> peers_;
 
   detail::MpscQueue<DoneNode> done_;  // local completions (any thread pushes, poll pops)
-  RecvNode* recv_head_ = nullptr;      // posted receives, FIFO (poll-lock holder)
-  RecvNode* recv_tail_ = nullptr;
   // Lending (poll-lock holder): the cells the last poll lent stay unfreed until the next poll,
   // and with them every cell after the first (the shared head frees a prefix), so their
-  // senders see them as full meanwhile: a poll lends at most kMaxLent.
-  static constexpr int kMaxLent = 64;
-  static constexpr std::uint32_t kLendAbove = 256;  // smaller messages are copied, not lent
-  bool lending_ = false;
+  // senders see them as full meanwhile; a poll lends at most its `max`.
   int lent_count_ = 0;
+  // The end of a poll: frees the cells behind the reader and serves pushed gets; returns n.
+  int finish_poll(int n);
   std::uint64_t lent_first_ = 0;  // the position of the first cell lent (when lent_count_ > 0)
 
   detail::MpscQueue<PutNode> outbound_;  // puts that did not fit the target's queue at post
