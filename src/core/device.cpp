@@ -12,7 +12,6 @@
 #include "common/log.hpp"
 #include "common/small_copy.hpp"
 #include "core/recv_blocks.hpp"
-#include "core/runtime_impl.hpp"
 #include "core/wire.hpp"
 #include "ferry/error.hpp"
 
@@ -48,9 +47,9 @@ RegionImpl::~RegionImpl() {
 
 // ---- setup ----------------------------------------------------------------------------
 
-DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, const Config& config,
+DeviceImpl::DeviceImpl(const DeviceParts& parts, int index, const Config& config,
                        std::vector<std::unique_ptr<net::Transport>> transports, const std::vector<int>& route)
-    : DeviceContext(runtime, index, config, std::move(transports), route),
+    : DeviceContext(parts, index, config, std::move(transports), route),
       recv_descriptors_(std::make_unique<PacketPool>(config.recv_descriptors, 64)),
       fragments_(*this),
       rendezvous_(*this),
@@ -68,8 +67,8 @@ DeviceImpl::DeviceImpl(RuntimeImpl& runtime, int index, const Config& config,
 [[gnu::always_inline]] inline bool DeviceImpl::signal_inline(Link& l, Packet* p, std::size_t length) {
   if (length < kHeader || length > p->capacity || p->data()[0] != static_cast<std::uint8_t>(MsgKind::am)) return false;
   const auto h = decode<WireHeader>(p->data());
-  if (h.src < 0 || h.src >= runtime_.size() || route_[static_cast<std::size_t>(h.src)] != &l) return false;
-  CompletionObject* const target = runtime_.exposed_at_once(h.target);
+  if (h.src < 0 || h.src >= size_ || route_[static_cast<std::size_t>(h.src)] != &l) return false;
+  CompletionObject* const target = targets_.exposed_at_once(h.target);
   if (target == nullptr) return false;  // not exposed yet, or one that batches
   --l.posted_recvs;
   p->arrived.length = static_cast<std::uint32_t>(length);
@@ -120,10 +119,10 @@ void DeviceImpl::log_dropped_inline_error() noexcept {
   try {
     throw;
   } catch (const std::exception& e) {
-    FERRY_LOG_AT(error, runtime_.rank(), index_, "an exception while delivering a message (not rethrown: progress "
+    FERRY_LOG_AT(error, rank_, index_, "an exception while delivering a message (not rethrown: progress "
                  "rethrows the poll's first): %s", e.what());
   } catch (...) {
-    FERRY_LOG_AT(error, runtime_.rank(), index_, "an exception while delivering a message (not rethrown: progress "
+    FERRY_LOG_AT(error, rank_, index_, "an exception while delivering a message (not rethrown: progress "
                  "rethrows the poll's first), not a std::exception");
   }
 }
@@ -215,7 +214,7 @@ inline void DeviceImpl::check_alive(const char* call) const {
 }
 
 inline void DeviceImpl::check_rank(const char* call, int rank) const {
-  if (__builtin_expect(rank < 0 || rank >= runtime_.size(), 0)) throw_rank(call, rank, runtime_.size());
+  if (__builtin_expect(rank < 0 || rank >= size_, 0)) throw_rank(call, rank, size_);
 }
 
 inline void DeviceImpl::check(const AmArgs& a) const {
@@ -284,7 +283,7 @@ template void DeviceImpl::validate(const PutArgs&) const;
 template void DeviceImpl::validate(const GetArgs&) const;
 
 inline void DeviceImpl::check_target(const char* call, std::uint16_t id) const {
-  if (__builtin_expect(id >= runtime_.max_targets(), 0)) throw_target(call, id, runtime_.max_targets());
+  if (__builtin_expect(id >= targets_.max_targets(), 0)) throw_target(call, id, targets_.max_targets());
 }
 
 Status DeviceImpl::post_am(const AmArgs& a) {
@@ -310,7 +309,7 @@ bool DeviceImpl::post_barrier_step(int rank, std::uint32_t step) {
   if (!fragments_.clear()) return false;
   Packet* p = pool_->get();
   if (p == nullptr) return false;
-  fill_header(p, MsgKind::barrier, 0, runtime_.rank(), step);
+  fill_header(p, MsgKind::barrier, 0, rank_, step);
   return !send_packet(p, rank, kHeader).is_retry();
 }
 
@@ -412,12 +411,12 @@ void DeviceImpl::fail_peer(int rank) {
 }
 
 void DeviceImpl::check_failures() {
-  runtime_.check_peers();
-  const std::uint32_t count = runtime_.failure_count();
+  failures_.check_peers();
+  const std::uint32_t count = failures_.failure_count();
   if (count == failures_seen_) return;
   failures_seen_ = count;
-  if (handled_.empty()) handled_.assign(static_cast<std::size_t>(runtime_.size()), 0);
-  for (int r = 0; r < runtime_.size(); ++r) {
+  if (handled_.empty()) handled_.assign(static_cast<std::size_t>(size_), 0);
+  for (int r = 0; r < size_; ++r) {
     if (handled_[static_cast<std::size_t>(r)] != 0 || !peer_down(r)) continue;
     handled_[static_cast<std::size_t>(r)] = 1;
     fail_peer(r);
@@ -442,7 +441,7 @@ void DeviceImpl::release_message(Packet* m) noexcept {
 // progress, where nearly every message of a lent transport comes.
 [[gnu::always_inline]] inline void DeviceImpl::on_lent(Link& l, std::size_t length, const unsigned char* lent) {
   if (__builtin_expect(spare_count_ == 0, 0)) {  // a transport that lent past set_lend_limit
-    FERRY_LOG_AT(error, runtime_.rank(), index_, "%s lent a message of %zu bytes past its limit: dropped", l.caps->name.c_str(), length);
+    FERRY_LOG_AT(error, rank_, index_, "%s lent a message of %zu bytes past its limit: dropped", l.caps->name.c_str(), length);
     count_malformed();
     return;
   }
@@ -472,8 +471,8 @@ void DeviceImpl::release_message(Packet* m) noexcept {
   const std::int32_t src = length >= kHeader ? decode<WireHeader>(p->data()).src : -1;
   // A rank reached through another transport cannot have sent this: its name is false.
   if (length < kHeader || length > p->capacity || !valid_kind(p->data()[0]) || length < min_length(p->data()[0]) ||
-      src < 0 || src >= runtime_.size() || route_[static_cast<std::size_t>(src)] != &l) {
-    FERRY_LOG_AT(warn, runtime_.rank(), index_, "dropped a malformed packet of %zu bytes (from rank %d, said the packet)",
+      src < 0 || src >= size_ || route_[static_cast<std::size_t>(src)] != &l) {
+    FERRY_LOG_AT(warn, rank_, index_, "dropped a malformed packet of %zu bytes (from rank %d, said the packet)",
                  length, src);
     count_malformed();
     pool_->put(p);
@@ -514,7 +513,7 @@ void DeviceImpl::on_heap_message(Packet* p, unsigned char* heap, std::size_t siz
     c.size = size;
     c.buffer = Buffer(heap, size, &recv_blocks::release, nullptr);
     pool_->put(p);
-    runtime_.deliver(h.target, std::move(c));
+    targets_.deliver(h.target, std::move(c));
     return;
   }
   p->arrived = ArrivedMessage{static_cast<std::uint32_t>(kHeader), MatchKey{h.src, h.tag}, heap, size};
@@ -542,7 +541,7 @@ void DeviceImpl::on_heap_message(Packet* p, unsigned char* heap, std::size_t siz
 
 // An active message joins the stage, inline in on_recv: the common message takes no call.
 [[gnu::always_inline]] inline void DeviceImpl::on_am(Packet* p, const WireHeader& h) {
-  CompletionObject* target = runtime_.exposed(h.target);
+  CompletionObject* target = targets_.exposed(h.target);
   if (__builtin_expect(target == nullptr, 0)) {  // not exposed yet, or an id out of range
     deliver_unexposed(p, h);
     return;
@@ -557,7 +556,7 @@ void DeviceImpl::deliver_unexposed(Packet* p, const WireHeader& h) {
   flush_staged();
   Completion c;
   fill_am(c, p, h);
-  runtime_.deliver(h.target, std::move(c));  // parks it, or drops it with a warning
+  targets_.deliver(h.target, std::move(c));  // parks it, or drops it with a warning
 }
 
 void DeviceImpl::on_packet(Packet* p) {
@@ -579,7 +578,7 @@ void DeviceImpl::on_packet(Packet* p) {
       return;
     case MsgKind::barrier:
       pool_->put(p);
-      runtime_.barrier_arrived(h.src, h.tag);
+      barrier_.arrived(h.src, h.tag);
       return;
     case MsgKind::frag:  // on_recv hands fragments to on_fragment, which never passes one on
       pool_->put(p);
@@ -615,9 +614,9 @@ void check_remote(const char* call, int rank, int device, const RemoteKey& key, 
 // Checks a put's notification and returns its remote CQ data (0 without notification).
 std::uint64_t DeviceImpl::notify_data(const PutArgs& a) const {
   if (!a.notify) return 0;
-  if (a.notify_target.id >= runtime_.max_targets()) {
+  if (a.notify_target.id >= targets_.max_targets()) {
     throw Error("post_put: notify_target=" + std::to_string(a.notify_target.id) + " is out of range; FERRY_MAX_TARGETS=" +
-                str(runtime_.max_targets()));
+                str(targets_.max_targets()));
   }
   if (a.notify_tag > 0xFFFF) throw Error("post_put: notify_tag=" + std::to_string(a.notify_tag) + " is out of range 0..65535");
   const net::Caps& caps = *route_[static_cast<std::size_t>(a.rank)]->caps;
@@ -626,7 +625,7 @@ std::uint64_t DeviceImpl::notify_data(const PutArgs& a) const {
                 str(caps.remote_data_bytes));
   }
   std::uint64_t data = (static_cast<std::uint64_t>(a.notify_target.id) << 16) | a.notify_tag;
-  if (caps.remote_data_bytes >= 8) data |= static_cast<std::uint64_t>(runtime_.rank()) << 32;
+  if (caps.remote_data_bytes >= 8) data |= static_cast<std::uint64_t>(rank_) << 32;
   return data;
 }
 
@@ -693,7 +692,7 @@ void DeviceImpl::repost(Link& l) {
     const int rc = l.transport->post_recv(p->data(), config_.packet_size, l.pool_desc, &p->ctx);
     if (rc != 0) {
       pool_->put(p);
-      if (rc != -EAGAIN) FERRY_LOG_AT(error, runtime_.rank(), index_, "%s", net::error_text("post_recv", rc).c_str());
+      if (rc != -EAGAIN) FERRY_LOG_AT(error, rank_, index_, "%s", net::error_text("post_recv", rc).c_str());
       return;
     }
     ++l.posted_recvs;
@@ -727,7 +726,7 @@ void DeviceImpl::on_event(Link& l, const net::Event& e) {
         return;
       }
       if (err != -ECANCELED) {
-        FERRY_LOG_AT(error, runtime_.rank(), index_, "%s", net::error_text("receive", err).c_str());
+        FERRY_LOG_AT(error, rank_, index_, "%s", net::error_text("receive", err).c_str());
       }
       pool_->put(p);
       return;
@@ -738,9 +737,9 @@ void DeviceImpl::on_event(Link& l, const net::Event& e) {
       if (__builtin_expect(err != 0, 0)) {
         // An eager send already returned done: the caller cannot be told, so say it loudly.
         // To a failed peer that is expected, and the failure itself was reported once.
-        if (peer_gone_error(err)) runtime_.peer_failed(p->send.rank, net::error_text("send", err));
+        if (peer_gone_error(err)) failures_.peer_failed(p->send.rank, net::error_text("send", err));
         if (!peer_down(p->send.rank)) {
-          FERRY_LOG_AT(error, runtime_.rank(), index_, "a send to rank %d failed: %s", p->send.rank,
+          FERRY_LOG_AT(error, rank_, index_, "a send to rank %d failed: %s", p->send.rank,
                        net::error_text("send", err).c_str());
         }
       }
@@ -834,7 +833,7 @@ bool DeviceImpl::progress() {
   // One increment and one test per call; the peer check (a clock read) every 1024 calls. After
   // the poll, so what a failed peer sent before it died is taken in before its operations fail.
   const std::uint32_t calls = ++progress_calls_;
-  if (__builtin_expect((calls & 1023) == 0, 0) || runtime_.failure_count() != failures_seen_) check_failures();
+  if (__builtin_expect((calls & 1023) == 0, 0) || failures_.failure_count() != failures_seen_) check_failures();
   run_deferred();
   // Relaxed: a stale zero only leaves the backlog to the next post or progress call.
   if (fragments_.backlog() != 0) fragments_.flush();

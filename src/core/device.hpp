@@ -49,8 +49,6 @@
 
 namespace ferry::detail {
 
-class RuntimeImpl;
-
 struct RegionImpl {
   class DeviceImpl* device = nullptr;
   void* data = nullptr;
@@ -64,7 +62,7 @@ class DeviceImpl : public DeviceContext {
  public:
   // transports: this device's backends; route[r] indexes the one that reaches rank r. The
   // device owns the transports.
-  DeviceImpl(RuntimeImpl& runtime, int index, const Config& config,
+  DeviceImpl(const DeviceParts& parts, int index, const Config& config,
              std::vector<std::unique_ptr<net::Transport>> transports, const std::vector<int>& route);
   ~DeviceImpl();
   DeviceImpl(const DeviceImpl&) = delete;

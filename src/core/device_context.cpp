@@ -4,7 +4,6 @@
 #include <cerrno>
 #include <limits>
 
-#include "core/runtime_impl.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::detail {
@@ -33,12 +32,15 @@ void add_chunks(std::vector<Chunk>& out, void* owner, CtxKind kind, unsigned cha
   throw Error(net::error_text(call, rc) + " to rank " + std::to_string(rank) + " over " + link.caps->name);
 }
 
-DeviceContext::DeviceContext(RuntimeImpl& runtime, int index, const Config& config,
+DeviceContext::DeviceContext(const DeviceParts& parts, int index, const Config& config,
                              std::vector<std::unique_ptr<net::Transport>> transports, const std::vector<int>& route)
-    : runtime_(runtime),
-      failed_(runtime.failed_table()),
+    : targets_(parts.targets),
+      failures_(parts.failures),
+      barrier_(parts.barrier),
+      failed_(parts.failures.failed_table()),
       index_(index),
-      rank_(runtime.rank()),
+      rank_(parts.rank),
+      size_(parts.size),
       config_(config),
       pool_(std::make_unique<PacketPool>(config.packets, config.packet_size)),
       transports_(std::move(transports)),
@@ -190,11 +192,11 @@ void DeviceContext::bury(std::vector<Chunk>&& chunks, std::vector<Buffer>&& dest
   if (!destinations.empty()) buried_buffers_.push_back(std::move(destinations));
 }
 
-void DeviceContext::runtime_peer_failed(int rank, const std::string& how) noexcept { runtime_.peer_failed(rank, how); }
+void DeviceContext::record_peer_failed(int rank, const std::string& how) noexcept { failures_.peer_failed(rank, how); }
 
 Status DeviceContext::transport_error(const Link& l, const char* call, int rc, int rank) {
   if (peer_gone_error(rc) || peer_down(rank)) {
-    runtime_.peer_failed(rank, net::error_text(call, rc) + " over " + l.caps->name);
+    failures_.peer_failed(rank, net::error_text(call, rc) + " over " + l.caps->name);
     return Status::make_failed(rank);
   }
   throw_transport(l, call, rc, rank);
@@ -227,7 +229,7 @@ Status DeviceContext::send_packet(Packet* p, int rank, std::size_t length) {
   return transport_error(l, "send", rc, rank);
 }
 
-void DeviceContext::deliver(std::uint16_t target, Completion&& c) noexcept { runtime_.deliver(target, std::move(c)); }
+void DeviceContext::deliver(std::uint16_t target, Completion&& c) noexcept { targets_.deliver(target, std::move(c)); }
 
 std::size_t DeviceContext::context_in_flight() const noexcept {
   return open_ops_.load(std::memory_order_relaxed) +

@@ -5,7 +5,8 @@
 // (protocols/fragments), rendezvous (protocols/rendezvous) and RMA (protocols/rma). The
 // protocols depend on this context, never on each other or on the device: it holds the packet
 // pool, the links and the route to each rank, the send credits, the count of open operations,
-// the deferred list, and the one way to put a control packet on the wire.
+// the deferred list, and the one way to put a control packet on the wire. Of the runtime it
+// holds only the owners it uses (DeviceParts): the target table, the failures, the barrier.
 #pragma once
 
 #include <atomic>
@@ -18,8 +19,11 @@
 #include <vector>
 
 #include "common/cache_line.hpp"
+#include "core/barrier.hpp"
 #include "core/config.hpp"
+#include "core/failure_detector.hpp"
 #include "core/packet_pool.hpp"
+#include "core/target_table.hpp"
 #include "core/wire.hpp"
 #include "ferry/completion.hpp"
 #include "ferry/status.hpp"
@@ -27,7 +31,16 @@
 
 namespace ferry::detail {
 
-class RuntimeImpl;
+// What a device uses of the runtime's owners, handed over at construction; each outlives the
+// device. The device reads the target table and the failure count on its fast paths directly,
+// never through the runtime.
+struct DeviceParts {
+  int rank;
+  int size;
+  TargetTable& targets;    // remote targets: delivery of active messages and notifications
+  PeerFailures& failures;  // failed peers: recorded, checked, acted on by progress
+  Barrier& barrier;        // barrier steps that arrive
+};
 
 inline constexpr std::size_t kHeader = sizeof(WireHeader);
 inline constexpr std::size_t kFragmentHeader = kHeader + sizeof(FragBody);
@@ -103,15 +116,17 @@ bool peer_gone_error(int rc) noexcept;
 
 class alignas(cache_line) DeviceContext {
  public:
-  DeviceContext(RuntimeImpl& runtime, int index, const Config& config,
+  DeviceContext(const DeviceParts& parts, int index, const Config& config,
                 std::vector<std::unique_ptr<net::Transport>> transports, const std::vector<int>& route);
   ~DeviceContext();
   DeviceContext(const DeviceContext&) = delete;
   DeviceContext& operator=(const DeviceContext&) = delete;
 
-  RuntimeImpl& runtime() noexcept { return runtime_; }
+  TargetTable& targets() noexcept { return targets_; }
+  PeerFailures& failures() noexcept { return failures_; }
   int index() const noexcept { return index_; }
   int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
   const Config& config() const noexcept { return config_; }
   PacketPool& pool() noexcept { return *pool_; }
   // The link that reaches `rank` (a checked rank: callers validate it first).
@@ -135,16 +150,16 @@ class alignas(cache_line) DeviceContext {
   // Sends p's first `length` payload bytes to `rank`; consumes the packet on every path. To a
   // failed rank the packet is dropped and the result is failed.
   Status send_packet(Packet* p, int rank, std::size_t length);
-  // Whether `rank` has failed (RuntimeImpl::failed; relaxed, see there).
+  // Whether `rank` has failed (PeerFailures::failed; relaxed, see there).
   bool peer_down(int rank) const noexcept {
     return failed_[static_cast<std::size_t>(rank)].load(std::memory_order_relaxed) != 0;
   }
-  // Records that `rank` failed (RuntimeImpl::peer_failed), `how` saying what showed it.
-  void runtime_peer_failed(int rank, const std::string& how) noexcept;
+  // Records that `rank` failed (PeerFailures::peer_failed), `how` saying what showed it.
+  void record_peer_failed(int rank, const std::string& how) noexcept;
   // A post's transport error other than -EAGAIN: a peer-gone error (or any error to a rank
   // already known failed) records the failure and answers failed; any other throws.
   Status transport_error(const Link& link, const char* call, int rc, int rank);
-  // A remote-target completion (an active message or a notification) for the runtime.
+  // A remote-target completion (an active message or a notification) for the target table.
   void deliver(std::uint16_t target, Completion&& c) noexcept;
   // Keeps the chunks of an operation a transport abandoned (Event::abandoned) until the device
   // goes: the backend may still hold their contexts, so their memory is never reused. With
@@ -170,10 +185,13 @@ class alignas(cache_line) DeviceContext {
   // completion, deferred steps).
   std::size_t context_in_flight() const noexcept;
 
-  RuntimeImpl& runtime_;
-  const std::atomic<std::uint8_t>* failed_;  // the runtime's table, by rank
+  TargetTable& targets_;
+  PeerFailures& failures_;
+  Barrier& barrier_;
+  const std::atomic<std::uint8_t>* failed_;  // failures_'s table, by rank
   const int index_;
   const int rank_;
+  const int size_;
   const Config& config_;
   std::unique_ptr<PacketPool> pool_;
   std::vector<std::unique_ptr<net::Transport>> transports_;

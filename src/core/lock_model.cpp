@@ -240,7 +240,7 @@ bool LockModelImpl::combine() {
       break;
     }
     queued_.fetch_sub(1, std::memory_order_relaxed);
-    performed_.fetch_add(1, std::memory_order_relaxed);  // read only to wait for it (RuntimeImpl::barrier)
+    performed_.fetch_add(1, std::memory_order_relaxed);  // read only to wait for it (Barrier::wait)
     ++batch;
     any = true;
   }

@@ -1,8 +1,7 @@
 // runtime.cpp — the runtime's wiring: the constructor (bootstrap, the plan of transports,
-// devices and their lock models, the keepalive channel, the address exchange), the barrier,
-// finalize and teardown, and the remote-target table. What decides the plan is in
-// job_plan.cpp, failure detection in runtime_failures.cpp, the public handles' bodies in
-// runtime_api.cpp.
+// the owners of the runtime's jobs, devices and their lock models, the keepalive channel, the
+// address exchange), what the barrier needs of the devices, finalize and teardown. What
+// decides the plan is in job_plan.cpp, the public handles' bodies in runtime_api.cpp.
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,15 +44,10 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   set_log_rank(rank_);  // lines logged without a runtime at hand name this process's rank
   size_ = boot_->size();
   if (size_ > 0xFFFFFF) throw Error("job size " + std::to_string(size_) + " exceeds ferry's limit of 16777215 ranks");
-  failed_ = std::make_unique<std::atomic<std::uint8_t>[]>(static_cast<std::size_t>(size_));
-  departed_ = std::make_unique<std::atomic<std::uint8_t>[]>(static_cast<std::size_t>(size_));
-  for (int r = 0; r < size_; ++r) {
-    failed_[static_cast<std::size_t>(r)].store(0, std::memory_order_relaxed);
-    departed_[static_cast<std::size_t>(r)].store(0, std::memory_order_relaxed);
-  }
-  const TransportPlan plan =
-      plan_transports(config_, options_.value("transport"), options_.value("network"),
-                      exchange_hosts(*boot_, config_.host.empty() ? hostname() : config_.host, options_, watch_), rank_);
+  failures_ = std::make_unique<PeerFailures>(rank_, size_, config_);
+  const std::vector<std::string> hosts =
+      exchange_hosts(*boot_, config_.host.empty() ? hostname() : config_.host, options_, failures_->watch());
+  const TransportPlan plan = plan_transports(config_, options_.value("transport"), options_.value("network"), hosts, rank_);
   // Each device's transports, in this order: [network][host][self], each one that is used.
   std::vector<std::string> used;
   for (const std::string& name : {plan.network, plan.host, plan.self}) {
@@ -77,10 +71,10 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   const bool serialized = config_.lock_model != LockModel::lockless;
   if (config_.launcher_watch && boot_->kind() != "single") {
     const pid_t parent = ::getppid();
-    if (parent > 1) launcher_ = parent;
+    if (parent > 1) failures_->watch_launcher(parent);
   }
-  targets_ = std::make_unique<std::atomic<std::uintptr_t>[]>(config_.max_targets);
-  for (std::size_t i = 0; i < config_.max_targets; ++i) targets_[i].store(0, std::memory_order_relaxed);
+  targets_ = std::make_unique<TargetTable>(config_.max_targets, rank_);
+  barrier_ = std::make_unique<Barrier>(rank_, size_, *failures_, static_cast<BarrierDevices&>(*this));
   // The transport that reaches each rank: the self backend this rank, the host backend the
   // rest of this host, the network backend everyone else (and whatever the others do not).
   const int network_index = index_of(plan.network), host_index = index_of(plan.host), self_index = index_of(plan.self);
@@ -110,13 +104,14 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
                                 .copy = shm_copy(config_.shm_copy)};
   };
   if (config_.peer_timeout_ms != 0 && !away.empty()) {
-    heartbeats_ = std::make_unique<HeartbeatChannel>(network_->make_transport(params(0, true)), rank_, size_);
-    boot_->put("ferry.alive", heartbeats_->address());
+    auto channel = std::make_unique<HeartbeatChannel>(network_->make_transport(params(0, true)), rank_, size_);
+    failures_->set_heartbeats(std::move(channel));
+    boot_->put("ferry.alive", failures_->heartbeats()->address());
   }
   for (int d = 0; d < config_.devices; ++d) {
     std::vector<std::unique_ptr<net::Transport>> transports;
     for (auto& backend : backends_) transports.push_back(backend->make_transport(params(d, false)));
-    devices_.push_back(std::make_unique<DeviceImpl>(*this, d, config_, std::move(transports), route));
+    devices_.push_back(std::make_unique<DeviceImpl>(device_parts(), d, config_, std::move(transports), route));
     const LockModel model = config_.lock_model;
     const bool direct = model == LockModel::lockless || model == LockModel::serialized;
     lock_models_.push_back(direct ? nullptr : std::make_unique<LockModelImpl>(*devices_.back(), model));
@@ -138,10 +133,10 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
     dev.start();
     handles_.push_back(Device(&dev, lock_models_[static_cast<std::size_t>(d)].get()));
   }
-  if (heartbeats_ != nullptr) {
+  if (HeartbeatChannel* heartbeats = failures_->heartbeats()) {
     std::vector<std::string> addresses(static_cast<std::size_t>(size_));
     for (int r : away) addresses[static_cast<std::size_t>(r)] = boot_->get(r, "ferry.alive");
-    heartbeats_->connect(addresses);
+    heartbeats->connect(addresses);
   }
   // Every rank has its receives posted before anyone sends, and every peer has attached to
   // this rank's shared memory, which can now go from the namespace.
@@ -149,69 +144,25 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   for (auto& dev : devices_) {
     for (std::size_t t = 0; t < dev->transport_count(); ++t) dev->transport(t).connected();
   }
-  if (heartbeats_ != nullptr) {
-    heartbeats_->connected();
-    keepalive_.start(size_, std::move(away), config_.peer_timeout_ms, config_.peer_check_ms);
-    keepalive_thread_ = std::thread([this] { keep_alive(); });
+  if (HeartbeatChannel* heartbeats = failures_->heartbeats()) {
+    heartbeats->connected();
+    failures_->start_keepalive(std::move(away));
   }
   try {
     progress_threads_ = start_progress_threads(config_, handles_);
   } catch (...) {
-    stop_keepalive();  // a joinable thread must not be destroyed
+    failures_->stop_keepalive();  // before the devices go, as finalize would
     throw;
   }
 }
 
-void RuntimeImpl::barrier_arrived(int src, std::uint32_t step) noexcept {
-  if (src < 0 || src >= size_) return;
-  if (step == kDepartStep) {
-    departed_[static_cast<std::size_t>(src)].store(1, std::memory_order_relaxed);
-    return;
-  }
-  // Release, paired with the barrier's acquire: what the thread that took this arrival in did
-  // before (a peer's put it applied, say, under the offload model) happens before what the
-  // barrier's caller does after it.
-  barrier_steps_[(step >> 8) & 1][step & 31].fetch_add(1, std::memory_order_release);
-}
-
-void RuntimeImpl::barrier() {
-  throw_if_failed("barrier");
-  // The barrier's steps travel on device 0, whose progress this thread cannot run again from
-  // inside it: the wait would never end.
-  if (devices_[0]->progressing_here()) {
-    throw Error("barrier: called from inside device 0's progress (from a Handler's callback, say); its steps "
-                "arrive through that progress, which must return first");
-  }
-  // Operations this rank posted before the barrier are performed before it: a deferring lock
-  // model (lockq, offload) may still hold some in its queue.
+void RuntimeImpl::perform_deferred() {
   for (auto& t : lock_models_) {
     if (t != nullptr) {
       const std::uint64_t before = t->deferred();
       IdleBackoff idle;
       while (t->performed() < before) idle(t->progress());
     }
-  }
-  const std::uint32_t parity = barrier_epoch_++ & 1;
-  int round = 0;
-  // Ranks reach a barrier at different times: the early ones yield their core once progress
-  // finds nothing for a while, to the late ones when ranks outnumber cores.
-  IdleBackoff idle;
-  for (int dist = 1; dist < size_; dist *= 2, ++round) {
-    const int to = (rank_ + dist) % size_;
-    const std::uint32_t step = (parity << 8) | static_cast<std::uint32_t>(round);
-    while (!post_barrier_step(to, step)) {
-      idle(progress_devices());
-      throw_if_failed("barrier");
-    }
-    std::atomic<int>& arrived = barrier_steps_[parity][round];
-    // A failed peer ends the wait only while the step is missing: its sender, or a rank the
-    // sender waits for, may be the failed one, and nothing else would end it.
-    while (arrived.load(std::memory_order_acquire) == 0) {
-      idle(progress_devices());
-      if (arrived.load(std::memory_order_acquire) == 0) throw_if_failed("barrier");
-    }
-    // Relaxed: only the count matters here; the acquire above ordered the data.
-    arrived.fetch_sub(1, std::memory_order_relaxed);
   }
 }
 
@@ -223,7 +174,7 @@ void RuntimeImpl::finalize() {
   for (auto& d : devices_) {
     // After a failure: long enough for a transport to give up the failed peer's operations
     // (net::kAbandonGraceMs), so each still completes, with the failure, before teardown.
-    const double limit = failure_count() != 0 ? net::kAbandonGraceMs / 1000.0 + 0.5 : 10.0;
+    const double limit = failures_->failure_count() != 0 ? net::kAbandonGraceMs / 1000.0 + 0.5 : 10.0;
     const std::size_t left = drain(*d, limit);
     if (left != 0) {
       FERRY_LOG_AT(warn, rank_, -1, "finalize: %zu operations still in flight on device %d after %.0f s", left,
@@ -232,24 +183,17 @@ void RuntimeImpl::finalize() {
   }
   std::exception_ptr failure;
   try {
-    barrier();
+    barrier_->wait();
   } catch (const PeerFailed&) {
     failure = std::current_exception();
   } catch (const std::exception& e) {
     FERRY_LOG_AT(error, rank_, -1, "finalize: %s", e.what());
   }
-  stop_keepalive();
-  depart();
+  failures_->stop_keepalive();
+  if (!devices_.empty()) barrier_->depart();
   finalized_.store(true);
   for (auto& d : devices_) d->mark_finalized();
-  std::lock_guard<std::mutex> guard(park_mutex_);
-  for (const auto& [id, c] : parked_) {
-    FERRY_LOG_AT(warn, rank_, -1,
-                 "an active message from rank %d for remote target %u was never delivered: "
-                 "no completion object was exposed under that id",
-                 c.rank, static_cast<unsigned>(id));
-  }
-  parked_.clear();
+  targets_->drop_parked();
   if (failure) std::rethrow_exception(failure);
 }
 
@@ -294,67 +238,13 @@ RuntimeImpl::~RuntimeImpl() {
     finalize();
   } catch (...) {
   }
-  stop_keepalive();  // finalize threw before it stopped it
-  if (heartbeats_ != nullptr) {
-    // A failed peer's connection is abandoned, not closed (libfabric's rxm can crash flushing
-    // an inject to a peer that is unreachable).
-    for (int r : keepalive_.peers())
-      if (failed(r)) heartbeats_->peer_failed(r);
-    heartbeats_.reset();
-  }
+  failures_->stop_keepalive();  // finalize threw before it stopped it
+  failures_->close_heartbeats();
   handles_.clear();
   lock_models_.clear();  // an offload thread must be gone before its device's endpoint
   devices_.clear();
   backends_.clear();
   boot_.reset();
-}
-
-void RuntimeImpl::expose(CompletionObject& object, std::uint16_t id) {
-  if (id >= config_.max_targets) {
-    throw Error("expose: id=" + std::to_string(id) + " is out of range; FERRY_MAX_TARGETS=" +
-                std::to_string(config_.max_targets));
-  }
-  static_assert(alignof(CompletionObject) > kAtOnce, "targets_ keeps a flag in the address's low bit");
-  const std::uintptr_t entry = reinterpret_cast<std::uintptr_t>(&object) | (object.batches() ? 0 : kAtOnce);
-  std::uintptr_t expected = 0;
-  // Release: a progress thread that loads the entry (acquire) sees a constructed object.
-  if (!targets_[id].compare_exchange_strong(expected, entry, std::memory_order_release, std::memory_order_relaxed)) {
-    throw Error("expose: id=" + std::to_string(id) + " is already exposed");
-  }
-  std::lock_guard<std::mutex> guard(park_mutex_);
-  for (auto it = parked_.begin(); it != parked_.end();) {
-    if (it->first == id) {
-      object.signal(std::move(it->second));
-      it = parked_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-void RuntimeImpl::unexpose(std::uint16_t id) noexcept { targets_[id].store(0, std::memory_order_release); }
-
-void RuntimeImpl::deliver(std::uint16_t id, Completion&& completion) noexcept {
-  if (CompletionObject* t = exposed(id)) {
-    t->signal(std::move(completion));
-    return;
-  }
-  if (id >= config_.max_targets) {
-    // No expose() can name it: parked, it would wait forever. The sender's id is not ours.
-    FERRY_LOG_AT(warn, rank_, -1, "dropped a message from rank %d for target %u: FERRY_MAX_TARGETS=%zu", completion.rank,
-                 id, config_.max_targets);
-    return;
-  }
-  std::lock_guard<std::mutex> guard(park_mutex_);
-  if (CompletionObject* t = object_at(targets_[id].load(std::memory_order_acquire))) {
-    t->signal(std::move(completion));
-    return;
-  }
-  try {
-    parked_.emplace_back(id, std::move(completion));
-  } catch (...) {
-    FERRY_LOG_AT(error, rank_, -1, "out of memory parking a message for target %u", id);
-  }
 }
 
 }  // namespace detail

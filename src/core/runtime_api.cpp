@@ -1,5 +1,6 @@
 // runtime_api.cpp — the bodies of the public handles (Runtime, Exposure, version) over
-// RuntimeImpl: argument checks that name the argument, then the call.
+// RuntimeImpl and the owners it wires (target table, failures, barrier): argument checks that
+// name the argument, then the call.
 #include "core/runtime_impl.hpp"
 #include "ferry/error.hpp"
 
@@ -32,16 +33,16 @@ std::string Runtime::bootstrap() const { return std::string(impl_->boot().kind()
 const Resolved<RuntimeSettings>& Runtime::options() const noexcept { return impl_->options(); }
 Exposure Runtime::expose(CompletionObject& object, std::uint16_t id) {
   if (impl_->finalized()) throw Error("expose: called after the runtime was finalized");
-  impl_->expose(object, id);
+  impl_->targets().expose(object, id);
   return Exposure(impl_.get(), id);
 }
 void Runtime::finalize() { impl_->finalize(); }
 void Runtime::barrier() {
   if (impl_->finalized()) throw Error("barrier: called after the runtime was finalized");
-  impl_->barrier();
+  impl_->barrier().wait();
 }
-std::vector<int> Runtime::failed_ranks() const { return impl_->failed_ranks(); }
-std::uint32_t Runtime::failure_count() const noexcept { return impl_->failure_count(); }
+std::vector<int> Runtime::failed_ranks() const { return impl_->failures().failed_ranks(); }
+std::uint32_t Runtime::failure_count() const noexcept { return impl_->failures().failure_count(); }
 void Runtime::kv_put(const std::string& key, const std::string& value) { impl_->boot().put(key, value); }
 void Runtime::kv_fence() { impl_->boot().fence(); }
 std::string Runtime::kv_get(int rank, const std::string& key) {
@@ -53,7 +54,7 @@ std::string Runtime::kv_get(int rank, const std::string& key) {
 
 Exposure& Exposure::operator=(Exposure&& other) noexcept {
   if (this != &other) {
-    if (rt_ != nullptr) rt_->unexpose(id_);
+    if (rt_ != nullptr) rt_->targets().unexpose(id_);
     rt_ = other.rt_;
     id_ = other.id_;
     other.rt_ = nullptr;
@@ -61,7 +62,7 @@ Exposure& Exposure::operator=(Exposure&& other) noexcept {
   return *this;
 }
 Exposure::~Exposure() {
-  if (rt_ != nullptr) rt_->unexpose(id_);
+  if (rt_ != nullptr) rt_->targets().unexpose(id_);
 }
 
 // Lockless devices call straight through (one predictable branch on the handle's own field);
@@ -118,7 +119,7 @@ RemoteKey MemoryRegion::remote_key() const {
   k.base = reinterpret_cast<std::uint64_t>(impl_->data);
   k.size = impl_->size;
   k.key = impl_->key;
-  k.rank = impl_->device->runtime().rank();
+  k.rank = impl_->device->rank();
   k.device = impl_->device->index();
   return k;
 }

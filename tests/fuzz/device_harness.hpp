@@ -69,7 +69,7 @@ class DeviceHarness {
     std::vector<std::unique_ptr<net::Transport>> transports;
     transports.push_back(std::move(owned));
     {
-      detail::DeviceImpl dev(*runtime_, 0, runtime_->config(), std::move(transports), std::vector<int>{0});
+      detail::DeviceImpl dev(runtime_->device_parts(), 0, runtime_->config(), std::move(transports), std::vector<int>{0});
       dev.start();
       for (std::size_t i = 0; i < 4 * count + 16 && !script->done(); ++i) (void)dev.progress();
       settle(dev);
@@ -94,7 +94,7 @@ class DeviceHarness {
   DeviceHarness() {
     set_harness_environment();
     runtime_ = std::make_unique<detail::RuntimeImpl>(RuntimeOptions{});
-    for (std::uint16_t id = 0; id < 4; ++id) runtime_->expose(inbox_, id);
+    for (std::uint16_t id = 0; id < 4; ++id) runtime_->targets().expose(inbox_, id);
   }
   // Progress until the device's rendezvous receives are done (a read budget per call: a
   // 1 GiB message takes 4096 calls), as finalize would wait for them, within a bound.

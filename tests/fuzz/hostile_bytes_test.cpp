@@ -188,7 +188,7 @@ TEST(DeviceChecks, APutWithNotificationNeedsFourBytesOfRemoteData) {
   script->set_remote_data_bytes(2);
   std::vector<std::unique_ptr<net::Transport>> transports;
   transports.push_back(std::move(script));
-  detail::DeviceImpl dev(rt, 0, rt.config(), std::move(transports), std::vector<int>{0});
+  detail::DeviceImpl dev(rt.device_parts(), 0, rt.config(), std::move(transports), std::vector<int>{0});
   dev.start();
   std::vector<unsigned char> region(64);
   std::string what = "no error";

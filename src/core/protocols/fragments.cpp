@@ -105,7 +105,7 @@ bool Fragments::flush() {
       if (rc == -EAGAIN) return false;
       if (rc != 0) {
         // The peer is unreachable: the rest of this message cannot be delivered. Said, not hidden.
-        if (peer_gone_error(rc)) dc_.runtime_peer_failed(p->rank, net::error_text("inject", rc));
+        if (peer_gone_error(rc)) dc_.record_peer_failed(p->rank, net::error_text("inject", rc));
         FERRY_LOG_AT(error, dc_.rank(), dc_.index(), "dropped the rest of a %zu-byte message to rank %d: %s",
                      static_cast<std::size_t>(p->size), p->rank, net::error_text("inject", rc).c_str());
         break;

@@ -352,7 +352,7 @@ bool Rendezvous::issue_reads(RecvOp* op) {
     if (rc != 0) {
       dc_.return_credit();
       if (peer_gone_error(rc) || dc_.peer_down(op->rank)) {
-        dc_.runtime_peer_failed(op->rank, net::error_text("get", rc));
+        dc_.record_peer_failed(op->rank, net::error_text("get", rc));
         rc = peer_failed_error;
       } else {
         FERRY_LOG_AT(error, dc_.rank(), dc_.index(), "%s reading %zu bytes from rank %d",
@@ -626,7 +626,7 @@ void Rendezvous::on_read(Chunk* c, int error, bool abandoned) {
   if (abandoned) op->abandoned = true;
   if (error != 0) {
     if (peer_gone_error(error) || dc_.peer_down(op->rank)) {
-      dc_.runtime_peer_failed(op->rank, net::error_text("get", error));
+      dc_.record_peer_failed(op->rank, net::error_text("get", error));
       error = peer_failed_error;
     } else {
       FERRY_LOG_AT(error, dc_.rank(), dc_.index(), "rendezvous read from rank %d failed: %s", op->rank,

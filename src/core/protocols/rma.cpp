@@ -4,7 +4,6 @@
 #include <string>
 
 #include "common/log.hpp"
-#include "core/runtime_impl.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::detail {
@@ -15,7 +14,7 @@ namespace {
 // have failed) records the failure and becomes peer_failed_error.
 int rma_error(DeviceContext& dc, int rank, int error, const char* call) {
   if (error != 0 && (peer_gone_error(error) || dc.peer_down(rank))) {
-    dc.runtime_peer_failed(rank, net::error_text(call, error));
+    dc.record_peer_failed(rank, net::error_text(call, error));
     return peer_failed_error;
   }
   return error;
@@ -190,11 +189,11 @@ void Rma::on_notification(const net::Event& e) {
   // the notification (the data itself was written where the writer's key allowed).
   const std::uint64_t rank = e.rank >= 0 ? static_cast<std::uint64_t>(e.rank) : e.data >> 32;
   const auto target = static_cast<std::uint16_t>((e.data >> 16) & 0xFFFF);
-  RuntimeImpl& rt = dc_.runtime();
-  if (rank >= static_cast<std::uint64_t>(rt.size()) || target >= rt.max_targets()) {
+  const std::size_t max_targets = dc_.targets().max_targets();
+  if (rank >= static_cast<std::uint64_t>(dc_.size()) || target >= max_targets) {
     FERRY_LOG_AT(warn, dc_.rank(), dc_.index(),
                  "dropped a put notification naming rank %llu and target %u (the job has %d ranks, FERRY_MAX_TARGETS=%zu)",
-                 static_cast<unsigned long long>(rank), target, rt.size(), rt.max_targets());
+                 static_cast<unsigned long long>(rank), target, dc_.size(), max_targets);
     dc_.count_malformed();
     return;
   }

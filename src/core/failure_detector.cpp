@@ -1,46 +1,60 @@
-// runtime_failures.cpp — peer failure detection: a failure recorded once and told to every
-// device, the departure a finalizing rank announces, the keepalive thread's heartbeats and
-// silence checks, the watch of this host's peers' processes and of the launcher.
+// failure_detector.cpp — peer failure detection (PeerFailures): a failure recorded once and
+// counted for every device, the keepalive thread's heartbeats and silence checks, the watch of
+// this host's peers' processes and of the launcher.
+#include "core/failure_detector.hpp"
+
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 
 #include "common/log.hpp"
-#include "core/runtime_impl.hpp"
 #include "ferry/error.hpp"
+#include "net/transport.hpp"
 
 namespace ferry::detail {
 
-void RuntimeImpl::peer_failed(int rank, const std::string& how) noexcept {
+PeerFailures::PeerFailures(int rank, int size, const Config& config)
+    : rank_(rank),
+      size_(size),
+      config_(config),
+      failed_(std::make_unique<std::atomic<std::uint8_t>[]>(static_cast<std::size_t>(size))),
+      departed_(std::make_unique<std::atomic<std::uint8_t>[]>(static_cast<std::size_t>(size))) {
+  for (int r = 0; r < size_; ++r) {
+    failed_[static_cast<std::size_t>(r)].store(0, std::memory_order_relaxed);
+    departed_[static_cast<std::size_t>(r)].store(0, std::memory_order_relaxed);
+  }
+}
+
+// A joinable thread must not be destroyed: a runtime whose construction failed after the
+// keepalive started still ends it here.
+PeerFailures::~PeerFailures() { stop_keepalive(); }
+
+void PeerFailures::start_keepalive(std::vector<int> away) {
+  keepalive_.start(size_, std::move(away), config_.peer_timeout_ms, config_.peer_check_ms);
+  keepalive_thread_ = std::thread([this] { keep_alive(); });
+}
+
+void PeerFailures::close_heartbeats() noexcept {
+  if (heartbeats_ == nullptr) return;
+  for (int r : keepalive_.peers())
+    if (failed(r)) heartbeats_->peer_failed(r);
+  heartbeats_.reset();
+}
+
+void PeerFailures::peer_failed(int rank, const std::string& how) noexcept {
   if (rank < 0 || rank >= size_ || rank == rank_) return;
   // A rank that finalized ends its connections as it leaves: that is no failure.
-  if (departed_[static_cast<std::size_t>(rank)].load(std::memory_order_relaxed) != 0) return;
+  if (has_departed(rank)) return;
   if (failed_[static_cast<std::size_t>(rank)].exchange(1, std::memory_order_relaxed) != 0) return;
   int none = -1;
   first_failed_.compare_exchange_strong(none, rank, std::memory_order_relaxed);
   FERRY_LOG_AT(error, rank_, -1, "rank %d failed: %s", rank, how.c_str());
   // Release: a device that reads the new count (acquire) also reads the flag set above.
   failure_count_.fetch_add(1, std::memory_order_release);
-}
-
-// Tells every peer this rank is finalizing, so the end of its process that follows is not
-// taken for a failure. Best effort within a second: a peer that misses it (its queue full all
-// that time) reports this rank failed, which is what it would see anyway.
-void RuntimeImpl::depart() noexcept {
-  if (devices_.empty() || size_ == 1) return;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  try {
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_ || failed(r)) continue;
-      IdleBackoff idle;
-      while (!post_barrier_step(r, kDepartStep) && std::chrono::steady_clock::now() < deadline) {
-        idle(progress_devices());
-      }
-    }
-  } catch (const std::exception& e) {
-    FERRY_LOG_AT(warn, rank_, -1, "finalize: could not tell every peer this rank is leaving: %s", e.what());
-  }
 }
 
 // Every check interval: the keepalive channel polled (each heartbeat arrived marks its sender
@@ -52,7 +66,7 @@ void RuntimeImpl::depart() noexcept {
 // thread stops (finalize), each such peer gets a departing heartbeat, so the silence that
 // follows is not taken for a failure even before the departure message on the data path,
 // behind whatever this rank sent last, reaches it.
-void RuntimeImpl::keep_alive() noexcept {
+void PeerFailures::keep_alive() noexcept {
   using Clock = std::chrono::steady_clock;
   const auto tick = std::chrono::milliseconds(config_.peer_check_ms);
   const auto beat_every = std::chrono::milliseconds(std::max(1, keepalive_.timeout_ms() / 4));
@@ -63,7 +77,7 @@ void RuntimeImpl::keep_alive() noexcept {
   std::vector<HeartbeatChannel::Arrived> arrived;
   arrived.reserve(64);
   bool warned = false, warned_oom = false;
-  auto gone = [this](int r) { return failed(r) || departed_[static_cast<std::size_t>(r)].load(std::memory_order_relaxed) != 0; };
+  auto gone = [this](int r) { return failed(r) || has_departed(r); };
   std::unique_lock<std::mutex> lock(keepalive_mutex_);
   for (bool first = true;; first = false) {
     if (!first && keepalive_wake_.wait_for(lock, tick, [this] { return keepalive_stop_; })) break;
@@ -73,7 +87,7 @@ void RuntimeImpl::keep_alive() noexcept {
       heartbeats_->poll(arrived);
       for (const HeartbeatChannel::Arrived& a : arrived) {
         keepalive_.heard(a.rank);
-        if (a.kind == Beat::departing) departed_[static_cast<std::size_t>(a.rank)].store(1, std::memory_order_relaxed);
+        if (a.kind == Beat::departing) departed(a.rank);
       }
       const Clock::time_point now = Clock::now();
       for (std::size_t i = 0; i < peers.size(); ++i) {
@@ -118,7 +132,7 @@ void RuntimeImpl::keep_alive() noexcept {
   }
 }
 
-void RuntimeImpl::stop_keepalive() noexcept {
+void PeerFailures::stop_keepalive() noexcept {
   if (!keepalive_thread_.joinable()) return;
   {
     std::lock_guard<std::mutex> guard(keepalive_mutex_);
@@ -128,7 +142,7 @@ void RuntimeImpl::stop_keepalive() noexcept {
   keepalive_thread_.join();
 }
 
-std::vector<int> RuntimeImpl::failed_ranks() const {
+std::vector<int> PeerFailures::failed_ranks() const {
   std::vector<int> out;
   if (failure_count() == 0) return out;
   for (int r = 0; r < size_; ++r)
@@ -136,7 +150,7 @@ std::vector<int> RuntimeImpl::failed_ranks() const {
   return out;
 }
 
-void RuntimeImpl::throw_if_failed(const char* call) const {
+void PeerFailures::throw_if_failed(const char* call) const {
   if (__builtin_expect(failure_count() == 0, 1)) return;
   const int r = first_failed_.load(std::memory_order_relaxed);
   const std::vector<int> all = failed_ranks();
@@ -145,7 +159,7 @@ void RuntimeImpl::throw_if_failed(const char* call) const {
   throw PeerFailed(r, std::string(call) + ": rank " + std::to_string(r) + " failed (failed ranks: " + list + ")");
 }
 
-void RuntimeImpl::check_peers() noexcept {
+void PeerFailures::check_peers() noexcept {
   if (watch_.empty() && launcher_ == 0) return;
   const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                                std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -166,7 +180,7 @@ void RuntimeImpl::check_peers() noexcept {
   std::vector<int> dead;
   try {
     for (int r : suspects_) {
-      if (departed_[static_cast<std::size_t>(r)].load(std::memory_order_relaxed) == 0) {
+      if (!has_departed(r)) {
         peer_failed(r, "its process ended (seen by this rank's watch of the processes on its host)");
       }
     }
