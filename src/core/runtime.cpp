@@ -52,7 +52,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
     departed_[static_cast<std::size_t>(r)].store(0, std::memory_order_relaxed);
   }
   const TransportPlan plan =
-      plan_transports(config_, options_.value("transport"), options_.value("network"),
+      plan_transports(options_.value("transport"), options_.value("network"),
                       exchange_hosts(*boot_, config_.host.empty() ? hostname() : config_.host, options_, watch_), rank_);
   // Each device's transports, in this order: [network][host][self], each one that is used.
   std::vector<std::string> used;
@@ -63,7 +63,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
     const std::string setting = name == plan.network && options_.value("transport") == "auto"
                                     ? "FERRY_NETWORK=" + name
                                     : "FERRY_TRANSPORT=" + options_.value("transport");
-    backends_.push_back(net::backend(name, setting).open(net::OpenParams{plan.provider}));
+    backends_.push_back(net::backend(name, setting).open(net::OpenParams{config_.backends, plan.one_host}));
   }
   const auto index_of = [&](const std::string& name) {
     const auto at = std::find(used.begin(), used.end(), name);
@@ -103,11 +103,9 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
                                 .device = device,
                                 .packet_size = config_.packet_size,
                                 .packets = config_.packets,
-                                .cells = round_up_pow2(config_.shm_cells),
                                 .serialized = serialized,
                                 .heartbeat = heartbeat,
-                                .away = away_ranks,
-                                .copy = shm_copy(config_.shm_copy)};
+                                .away = away_ranks};
   };
   if (config_.peer_timeout_ms != 0 && !away.empty()) {
     heartbeats_ = std::make_unique<HeartbeatChannel>(network_->make_transport(params(0, true)), rank_, size_);
