@@ -10,7 +10,9 @@
 //
 // Layers: the core runtime (RuntimeOptions -> RuntimeSettings, runtime_option_table() here),
 // the parcel layer (ferry/parcel.hpp) and the AMT runtime (ferry/amt.hpp). Adding an
-// option is one row in its layer's table plus the field it fills and its use.
+// option is one row in its layer's table plus the field it fills and its use. A network
+// backend declares its own rows with its registration (backend_option_tables() below); they
+// are resolved with the core's and reach the backend by name, never through a typed field.
 #pragma once
 
 #include <cstddef>
@@ -52,6 +54,9 @@ struct OptionInfo {
   // An earlier option of the same table whose value is a further upper bound (prepost <= packets).
   const char* max_option = nullptr;
   const char* help = "";
+  // An older name of `env`, still read: used when `env` is unset; both set and different is
+  // an error naming both.
+  const char* deprecated_env = nullptr;
 };
 
 // A parsed and validated value.
@@ -272,10 +277,14 @@ class OptionTable {
 // the environment ("csync", "thread:2").
 struct RuntimeOptions {
   std::string bootstrap{};
-  std::string transport{};  // auto, shm, ofi, ucx
+  std::string transport{};  // auto or a backend's name (self, shm, ofi, ucx)
   std::string host{};
+  // Deprecated, honoured for one release: set backend_options {"ofi_provider", ...} instead.
+  // (Plain fields, not [[deprecated]]: designated initializers and the implicit members would
+  // warn in every program that includes this header.)
   std::string provider{};
-  std::string network{};  // ofi, ucx: the network backend of transport=auto
+  std::string network{};  // a backend that reaches the network (ofi, ucx): the one of transport=auto
+  // Deprecated, honoured for one release: backend_options {"shm_copy", ...}, {"shm_cells", ...}.
   std::string shm_copy{};  // auto, cma, copy
   std::size_t shm_cells = 0;
   int devices = 0;
@@ -299,6 +308,10 @@ struct RuntimeOptions {
   std::string completion{};
   std::string progress{};
   std::string log{};  // off, error, warn, info, debug
+  // Backends' options, as (row name or variable, value) pairs spelled as in the environment:
+  // {{"shm_copy", "copy"}, {"FERRY_OFI_PROVIDER", "tcp"}}. Beats the environment and the
+  // deprecated fields above; a name no backend declares is an error.
+  std::vector<std::pair<std::string, std::string>> backend_options{};
 };
 
 // How ranks find each other; `automatic` reads the launcher's variables (PMIX_RANK, PMI_FD).
@@ -307,13 +320,16 @@ enum class BootstrapKind : std::uint8_t { automatic, single, pmi1, pmix };
 // a device (a single-threaded program, or a device per thread).
 enum class LockModel : std::uint8_t { lockless, trylock, block, lockq, csync, offload, serialized };
 enum class FragmentMode : std::uint8_t { automatic, off, on };
-// Which backend reaches a peer: `automatic` is shared memory within a host, the network
-// backend (NetworkKind) across.
-enum class TransportKind : std::uint8_t { automatic, shm, ofi, ucx };
-enum class NetworkKind : std::uint8_t { ofi, ucx };
-// How the shared-memory backend moves large data: `automatic` uses cross-memory attach where
-// the kernel allows it, else copies through shared memory.
-enum class ShmCopyMode : std::uint8_t { automatic, cma, copy };
+// Deprecated: FERRY_TRANSPORT's and FERRY_NETWORK's choices are the registry's backend names,
+// which RuntimeSettings::transport and ::network hold as text.
+enum class [[deprecated("RuntimeSettings::transport is the backend's name")]] TransportKind : std::uint8_t {
+  automatic, shm, ofi, ucx
+};
+enum class [[deprecated("RuntimeSettings::network is the backend's name")]] NetworkKind : std::uint8_t { ofi, ucx };
+// Deprecated: how the shared-memory backend moves large data, now the shm backend's own row
+// (FERRY_SHM_COPY) in its own type; RuntimeSettings::shm_copy still reports it for one release.
+enum class [[deprecated("the shm backend's row shm_copy: options().value(\"shm_copy\")")]] ShmCopyMode
+    : std::uint8_t { automatic, cma, copy };
 // How a rendezvous into one of ferry's receive buffers moves its data where the transport can
 // do either: the receiver reads, or the sender writes on request (`automatic`: writes into
 // buffers on 2 MiB pages).
@@ -326,12 +342,20 @@ enum class ProgressMode : std::uint8_t { explicit_calls, implicit, thread, steal
 // The core's options, resolved and typed.
 struct RuntimeSettings {
   BootstrapKind bootstrap = BootstrapKind::automatic;
-  TransportKind transport = TransportKind::automatic;
+  std::string transport;  // "auto" or a backend's name
   std::string host;
+  std::string network;  // a backend's name
+  // Deprecated, filled for one release from the backends' rows ofi_provider, shm_copy and
+  // shm_cells (read them with Resolved::value("shm_copy") instead).
   std::string provider;
-  NetworkKind network = NetworkKind::ofi;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
   ShmCopyMode shm_copy = ShmCopyMode::automatic;
+#pragma GCC diagnostic pop
   std::size_t shm_cells = 0;
+  // Every backend's rows, by row name ("shm_copy"), in backend_option_tables() order: what the
+  // runtime hands each backend it opens (which reads its own by name).
+  std::vector<std::pair<std::string, OptionValue>> backends;
   int devices = 0;
   std::size_t packet_size = 0;
   std::size_t packets = 0;
@@ -360,7 +384,32 @@ using RuntimeOptionTable = OptionTable<RuntimeOptions, RuntimeSettings>;
 // The core's table, in declaration order.
 const RuntimeOptionTable& runtime_option_table();
 
-// The core's settings in force: explicit setting, else environment, else default.
+// The core's settings in force: explicit setting, else environment, else default; then every
+// backend's rows (backend_option_tables()), whose values follow the core's in `options`.
 Resolved<RuntimeSettings> resolve_options(const RuntimeOptions& explicit_options = {});
+
+// ---- the backends' options ------------------------------------------------------------------
+
+// One row of a backend's table. Its name is the backend's name, '_', the setting ("shm_copy"),
+// so the rows of all backends share one namespace with the core's.
+struct BackendOption {
+  OptionInfo info;
+  // Every rank of a job must use the same value (checked at start-up, like FERRY_TRANSPORT).
+  bool job_wide = false;
+};
+
+// One backend's rows, declared with its registration and compiled into libferry, so they are
+// known (listed, validated) without loading the backend's module, and also in a build that
+// lacks the backend.
+struct BackendOptionTable {
+  const char* backend;  // "shm", "ofi", ...
+  std::vector<BackendOption> rows;
+
+  // As OptionTable::inspect: each row's value in force, invalid values into `errors`.
+  std::vector<ResolvedOption> inspect(std::vector<std::string>& errors) const;
+};
+
+// Every backend's table that has rows, in registration order.
+const std::vector<BackendOptionTable>& backend_option_tables();
 
 }  // namespace ferry

@@ -20,15 +20,27 @@ std::string hostname() {
 
 namespace {
 
-// The options that shape what goes on the wire or which endpoints exist: ranks that disagree
-// on one would truncate, misread or never reach each other's messages (or, for the peer
-// timeout, send heartbeats more rarely than a peer's timeout allows).
-constexpr const char* kJobWideOptions[] = {"transport", "provider", "network", "devices", "packet_size", "fragment", "fragment_max",
+// The core's options that shape what goes on the wire or which endpoints exist: ranks that
+// disagree on one would truncate, misread or never reach each other's messages (or, for the
+// peer timeout, send heartbeats more rarely than a peer's timeout allows).
+constexpr const char* kJobWideOptions[] = {"transport", "network", "devices", "packet_size", "fragment", "fragment_max",
                                           "max_targets", "peer_timeout_ms"};
+
+// The core's job-wide options, then the backends' rows that declare themselves job-wide (the
+// core cannot know which of a backend's settings its peers must share).
+std::vector<std::string> job_wide_names() {
+  std::vector<std::string> names(std::begin(kJobWideOptions), std::end(kJobWideOptions));
+  for (const BackendOptionTable& t : backend_option_tables()) {
+    for (const BackendOption& row : t.rows) {
+      if (row.job_wide) names.emplace_back(row.info.name);
+    }
+  }
+  return names;
+}
 
 std::string job_wide_settings(const Resolved<RuntimeSettings>& options) {
   std::string text;
-  for (const char* name : kJobWideOptions) text += options.value(name) + '\n';
+  for (const std::string& name : job_wide_names()) text += options.value(name) + '\n';
   return text;
 }
 
@@ -37,14 +49,14 @@ std::string job_wide_settings(const Resolved<RuntimeSettings>& options) {
 [[noreturn]] void settings_differ(const Resolved<RuntimeSettings>& options, const std::string& theirs, int rank,
                                   int other) {
   std::size_t at = 0;
-  for (const char* name : kJobWideOptions) {
+  for (const std::string& name : job_wide_names()) {
     const std::size_t end = theirs.find('\n', at);
     if (end == std::string::npos) break;
     const std::string value = theirs.substr(at, end - at);
     if (value != options.value(name)) {
-      const char* env = name;
+      std::string env = name;
       for (const ResolvedOption& o : options.options) {
-        if (std::string_view(o.info->name) == name) env = o.info->env;
+        if (o.info->name == name) env = o.info->env;
       }
       throw Error(std::string("ranks disagree on ") + env + ": rank " + std::to_string(other) + " has '" + value +
                   "', rank " + std::to_string(rank) + " has '" + options.value(name) +
@@ -91,18 +103,19 @@ std::vector<std::string> exchange_hosts(bootstrap::Bootstrap& boot, const std::s
 
 namespace {
 
-// The first registered backend whose reach is exactly `reach`, or "".
+// The first registered built-in backend whose reach is exactly `reach`, or "": a module is
+// never loaded for auto to find out it is not wanted.
 std::string first_backend_reaching(unsigned reach) {
   for (const std::string& name : net::backend_names()) {
-    if (net::backend_origin(name).rfind("built in", 0) != 0) continue;  // a module is never loaded to be asked
-    if (net::backend(name, "FERRY_TRANSPORT=auto").reach == reach) return name;
+    if (net::backend_origin(name).rfind("built in", 0) != 0) continue;
+    if (net::backend_reach(name) == reach) return name;
   }
   return "";
 }
 
 }  // namespace
 
-TransportPlan plan_transports(const Config& config, const std::string& transport, const std::string& network,
+TransportPlan plan_transports(const std::string& transport, const std::string& network,
                               const std::vector<std::string>& hosts, int rank) {
   TransportPlan plan;
   const std::string& mine = hosts[static_cast<std::size_t>(rank)];
@@ -131,8 +144,7 @@ TransportPlan plan_transports(const Config& config, const std::string& transport
     } else {
       plan.host = transport;
     }
-    // "auto": a provider's own shared memory when every rank shares a host, else its best network.
-    plan.provider = config.provider != "auto" ? config.provider : (away < 0 ? "shm" : "");
+    plan.one_host = away < 0;
     return plan;
   }
   // A rank alone on its host talks to itself through the self backend; one with neighbours
@@ -142,17 +154,7 @@ TransportPlan plan_transports(const Config& config, const std::string& transport
   if (plan.self.empty()) plan.self = plan.host;
   if (away >= 0) plan.network = network;
   if (plan.self.empty() && plan.host.empty() && plan.network.empty()) plan.network = network;
-  plan.provider = config.provider != "auto" ? config.provider : "";
   return plan;
-}
-
-net::ShmCopy shm_copy(ShmCopyMode m) {
-  switch (m) {
-    case ShmCopyMode::cma: return net::ShmCopy::cma;
-    case ShmCopyMode::copy: return net::ShmCopy::copy;
-    case ShmCopyMode::automatic: break;
-  }
-  return net::ShmCopy::automatic;
 }
 
 }  // namespace ferry::detail

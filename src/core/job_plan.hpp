@@ -7,10 +7,8 @@
 #include <vector>
 
 #include "bootstrap/bootstrap.hpp"
-#include "core/config.hpp"
 #include "core/liveness.hpp"
 #include "ferry/options.hpp"
-#include "net/transport.hpp"
 
 namespace ferry::detail {
 
@@ -32,16 +30,13 @@ struct TransportPlan {
   std::string network;        // reaches the peers no other backend reaches ("" none)
   std::string host;           // reaches the ranks of this host but this one ("" none)
   std::string self;           // reaches this rank ("" none)
-  std::string provider;       // for a backend with providers: a name, or "" for its best network
+  bool one_host = false;      // FERRY_TRANSPORT named one backend for every peer, all on this host
   std::vector<bool> on_host;  // by rank: shares this rank's host
 };
 
 // The plan for this rank of a job whose ranks sit on `hosts`, under FERRY_TRANSPORT's and
 // FERRY_NETWORK's text. Throws ferry::Error when the named backend cannot reach every peer.
-TransportPlan plan_transports(const Config& config, const std::string& transport, const std::string& network,
+TransportPlan plan_transports(const std::string& transport, const std::string& network,
                               const std::vector<std::string>& hosts, int rank);
-
-// FERRY_SHM_COPY's value as the network layer spells it.
-net::ShmCopy shm_copy(ShmCopyMode m);
 
 }  // namespace ferry::detail

@@ -1,4 +1,5 @@
-// options.cpp — the one option resolver, and the core runtime's table.
+// options.cpp — the one option resolver, the core runtime's table, and the resolution of the
+// backends' rows (declared in their folders, listed by the registry) beside it.
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -6,6 +7,7 @@
 #include "core/config.hpp"
 #include "ferry/error.hpp"
 #include "ferry/options.hpp"
+#include "net/registry.hpp"
 
 namespace ferry {
 
@@ -169,9 +171,20 @@ std::pair<OptionValue, OptionSource> resolve_option(const OptionInfo& info, cons
                                                     const char* bound_env) {
   if (!program.empty()) return {parse(info, program_name, program, bound, bound_env), OptionSource::program};
   // The one place ferry reads its own variables.
-  if (const char* e = std::getenv(info.env); e != nullptr && *e != '\0') {
-    return {parse(info, info.env, e, bound, bound_env), OptionSource::environment};
+  const char* e = std::getenv(info.env);
+  if (e != nullptr && *e == '\0') e = nullptr;
+  if (info.deprecated_env != nullptr) {
+    const char* old = std::getenv(info.deprecated_env);
+    if (old != nullptr && *old != '\0') {
+      if (e == nullptr) return {parse(info, info.deprecated_env, old, bound, bound_env), OptionSource::environment};
+      if (std::string_view(e) != old) {
+        throw Error(std::string(info.env) + "='" + e + "' and " + info.deprecated_env + "='" + old +
+                    "' differ: " + info.deprecated_env + " is the deprecated name of " + info.env +
+                    "; set only " + info.env);
+      }
+    }
   }
+  if (e != nullptr) return {parse(info, info.env, e, bound, bound_env), OptionSource::environment};
   return {parse(info, info.env, info.default_value, bound, bound_env), OptionSource::default_value};
 }
 
@@ -180,6 +193,36 @@ void unknown_option(std::string_view table, std::string_view name) {
 }
 
 }  // namespace detail
+
+namespace {
+
+// FERRY_TRANSPORT's and FERRY_NETWORK's choices: the registry's names, also of the backends
+// this build lacks (naming one gives the registry's "built without" error, not "not valid").
+// Static: OptionInfo keeps pointers to them.
+struct BackendNames {
+  std::vector<std::string> transport{"auto"};  // auto, then every backend
+  std::vector<std::string> network;            // the backends that reach the network
+  BackendNames() {
+    for (const std::string& n : net::backend_names()) {
+      transport.push_back(n);
+      if (net::reaches(net::backend_reach(n), net::Reach::network)) network.push_back(n);
+    }
+    if (network.empty()) network.emplace_back("none");  // a build without one: every name is refused
+  }
+};
+
+const BackendNames& backend_names() {
+  static const BackendNames names;
+  return names;
+}
+
+std::vector<const char*> pointers(const std::vector<std::string>& names) {
+  std::vector<const char*> out;
+  for (const std::string& n : names) out.push_back(n.c_str());
+  return out;
+}
+
+}  // namespace
 
 const RuntimeOptionTable& runtime_option_table() {
   using O = RuntimeOptions;
@@ -192,30 +235,21 @@ const RuntimeOptionTable& runtime_option_table() {
                   "how ranks find each other: auto, single, pmi1 (ferryrun, mpiexec, srun --mpi=pmi2), "
                   "pmix (mpirun, srun --mpi=pmix)"},
                  &O::bootstrap, &S::bootstrap),
-          option({"transport", "FERRY_TRANSPORT", T::choice, "auto", {"auto", "shm", "ofi", "ucx"}, 0, 0, nullptr,
-                  "backend per peer: auto (ferry's shared memory within a host, FERRY_NETWORK across hosts), "
-                  "shm (every rank on one host), ofi (libfabric for every peer), ucx (UCX for every peer)"},
+          option({"transport", "FERRY_TRANSPORT", T::choice, "auto", pointers(backend_names().transport), 0, 0, nullptr,
+                  "backend per peer: auto (within a host the first built-in backend that reaches it, ferry's "
+                  "shared memory; across hosts FERRY_NETWORK), or the name of one backend (see above) for every "
+                  "peer: shm (every rank on one host), ofi (libfabric), ucx (UCX), self (a job of one rank)"},
                  &O::transport, &S::transport),
           option({"host", "FERRY_HOST", T::text, "", {}, 0, 0, nullptr,
                   "this rank's host identity for FERRY_TRANSPORT=auto (empty: the hostname); ranks with "
                   "different values talk through the network backend"},
                  &O::host, &S::host),
-          option({"provider", "FERRY_PROVIDER", T::text, "auto", {}, 0, 0, nullptr,
-                  "libfabric provider for the ofi backend (shm, tcp, verbs, cxi, efa, sockets...); auto: "
-                  "libfabric's shm when every rank shares a host, else libfabric's best network"},
-                 &O::provider, &S::provider),
-          option({"network", "FERRY_NETWORK", T::choice, "ofi", {"ofi", "ucx"}, 0, 0, nullptr,
-                  "the network backend FERRY_TRANSPORT=auto uses between hosts: ofi (libfabric: Slingshot "
-                  "cxi, EFA, tcp...) or ucx (UCX: InfiniBand and RoCE)"},
+          // The default: the first registered backend that reaches the network.
+          option({"network", "FERRY_NETWORK", T::choice, backend_names().network.front().c_str(),
+                  pointers(backend_names().network), 0, 0, nullptr,
+                  "the network backend FERRY_TRANSPORT=auto uses between hosts, one that reaches the network: "
+                  "ofi (libfabric: Slingshot cxi, EFA, tcp...) or ucx (UCX: InfiniBand and RoCE)"},
                  &O::network, &S::network),
-          option({"shm_copy", "FERRY_SHM_COPY", T::choice, "auto", {"auto", "cma", "copy"}, 0, 0, nullptr,
-                  "large data between processes of one host (ferry's shm; with FERRY_TRANSPORT=ucx, RMA to peers "
-                  "UCX has no RMA lane to): auto (cross-memory attach where the kernel allows it, else copy), cma "
-                  "(process_vm_readv/writev, single copy), copy (through shared memory; over UCX, active messages)"},
-                 &O::shm_copy, &S::shm_copy),
-          option({"shm_cells", "FERRY_SHM_CELLS", T::size, "256", {}, 2, 1u << 20, nullptr,
-                  "cells in each shared-memory receive queue (one packet each; rounded up to a power of two)"},
-                 &O::shm_cells, &S::shm_cells),
           option({"devices", "FERRY_DEVICES", T::count, "1", {}, 1, 64, nullptr,
                   "devices (endpoint + CQ + buffers) per process"},
                  &O::devices, &S::devices),
@@ -310,8 +344,79 @@ const RuntimeOptionTable& runtime_option_table() {
   return table;
 }
 
+namespace {
+
+// The program's explicit value of a backend's row: RuntimeOptions::backend_options by row
+// name or variable, else the deprecated field the row replaced. `what` names it for errors.
+std::string program_value(const RuntimeOptions& o, const OptionInfo& info, std::string& what) {
+  for (const auto& [name, value] : o.backend_options) {
+    if (name == info.name || name == info.env) {
+      what = "RuntimeOptions::backend_options[" + name + "]";
+      return value;
+    }
+  }
+  // The fields of ferry 0.1, honoured for one release; they name their rows, which the
+  // backends declare, because the fields themselves are the core's public struct.
+  std::string text;
+  if (std::string_view(info.name) == "ofi_provider") {
+    text = o.provider, what = "RuntimeOptions::provider";
+  } else if (std::string_view(info.name) == "shm_copy") {
+    text = o.shm_copy, what = "RuntimeOptions::shm_copy";
+  } else if (std::string_view(info.name) == "shm_cells" && o.shm_cells != 0) {
+    text = std::to_string(o.shm_cells), what = "RuntimeOptions::shm_cells";
+  }
+  return text;
+}
+
+// Fills RuntimeSettings' deprecated fields from the rows that replaced them.
+void fill_deprecated(RuntimeSettings& s, const OptionInfo& info, const OptionValue& v) {
+  const std::string_view name = info.name;
+  if (name == "ofi_provider") s.provider = v.text;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  if (name == "shm_copy") s.shm_copy = static_cast<ShmCopyMode>(v.index);
+#pragma GCC diagnostic pop
+  if (name == "shm_cells") s.shm_cells = static_cast<std::size_t>(v.number);
+}
+
+}  // namespace
+
+const std::vector<BackendOptionTable>& backend_option_tables() { return net::backend_options(); }
+
+std::vector<ResolvedOption> BackendOptionTable::inspect(std::vector<std::string>& errors) const {
+  std::vector<ResolvedOption> out;
+  for (const BackendOption& row : rows) {
+    try {
+      auto [v, source] = detail::resolve_option(row.info, {}, {}, UINT64_MAX);
+      out.push_back(ResolvedOption{&row.info, std::move(v.text), source});
+    } catch (const Error& e) {
+      errors.emplace_back(e.what());
+      out.push_back(ResolvedOption{&row.info, "(invalid)", OptionSource::environment});
+    }
+  }
+  return out;
+}
+
 Resolved<RuntimeSettings> resolve_options(const RuntimeOptions& explicit_options) {
-  return runtime_option_table().resolve(explicit_options);
+  Resolved<RuntimeSettings> out = runtime_option_table().resolve(explicit_options);
+  for (const auto& [name, value] : explicit_options.backend_options) {
+    bool known = false;
+    for (const BackendOptionTable& t : backend_option_tables()) {
+      for (const BackendOption& row : t.rows) known = known || name == row.info.name || name == row.info.env;
+    }
+    if (!known) detail::unknown_option("RuntimeOptions::backend_options", name);
+  }
+  for (const BackendOptionTable& t : backend_option_tables()) {
+    for (const BackendOption& row : t.rows) {
+      std::string what;
+      const std::string program = program_value(explicit_options, row.info, what);
+      auto [v, source] = detail::resolve_option(row.info, program, what, UINT64_MAX);
+      fill_deprecated(out.settings, row.info, v);
+      out.options.push_back(ResolvedOption{&row.info, v.text, source});
+      out.settings.backends.emplace_back(row.info.name, std::move(v));
+    }
+  }
+  return out;
 }
 
 }  // namespace ferry

@@ -45,9 +45,9 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   size_ = boot_->size();
   if (size_ > 0xFFFFFF) throw Error("job size " + std::to_string(size_) + " exceeds ferry's limit of 16777215 ranks");
   failures_ = std::make_unique<PeerFailures>(rank_, size_, config_);
-  const std::vector<std::string> hosts =
-      exchange_hosts(*boot_, config_.host.empty() ? hostname() : config_.host, options_, failures_->watch());
-  const TransportPlan plan = plan_transports(config_, options_.value("transport"), options_.value("network"), hosts, rank_);
+  const TransportPlan plan =
+      plan_transports(options_.value("transport"), options_.value("network"),
+                      exchange_hosts(*boot_, config_.host.empty() ? hostname() : config_.host, options_, failures_->watch()), rank_);
   // Each device's transports, in this order: [network][host][self], each one that is used.
   std::vector<std::string> used;
   for (const std::string& name : {plan.network, plan.host, plan.self}) {
@@ -57,7 +57,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
     const std::string setting = name == plan.network && options_.value("transport") == "auto"
                                     ? "FERRY_NETWORK=" + name
                                     : "FERRY_TRANSPORT=" + options_.value("transport");
-    backends_.push_back(net::backend(name, setting).open(net::OpenParams{plan.provider}));
+    backends_.push_back(net::backend(name, setting).open(net::OpenParams{config_.backends, plan.one_host}));
   }
   const auto index_of = [&](const std::string& name) {
     const auto at = std::find(used.begin(), used.end(), name);
@@ -97,11 +97,9 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
                                 .device = device,
                                 .packet_size = config_.packet_size,
                                 .packets = config_.packets,
-                                .cells = round_up_pow2(config_.shm_cells),
                                 .serialized = serialized,
                                 .heartbeat = heartbeat,
-                                .away = away_ranks,
-                                .copy = shm_copy(config_.shm_copy)};
+                                .away = away_ranks};
   };
   if (config_.peer_timeout_ms != 0 && !away.empty()) {
     auto channel = std::make_unique<HeartbeatChannel>(network_->make_transport(params(0, true)), rank_, size_);

@@ -8,7 +8,9 @@
 // job or a tool asks for it, so a process that never asks maps neither library.
 //
 // The core plans transports from a backend's reach (which peers its transports can talk to)
-// and never names a backend: FERRY_TRANSPORT and FERRY_NETWORK name them.
+// and never names a backend: FERRY_TRANSPORT and FERRY_NETWORK name them. A backend's own
+// settings are option rows it declares beside its registration (ferry_backend(... OPTIONS),
+// ferry/options.hpp's BackendOptionTable); their values reach open() by name (OpenParams).
 //
 // Concurrency: a BackendInfo is immutable static data. open() and describe() are called by
 // one thread at a time (runtime construction, tools); a Backend's make_transport() likewise;
@@ -19,9 +21,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "ferry/error.hpp"
+#include "ferry/options.hpp"
 #include "net/transport.hpp"
 
 namespace ferry::net {
@@ -34,8 +39,21 @@ constexpr bool reaches(unsigned set, Reach r) noexcept { return (set & unsigned(
 
 // What opening a backend for a job needs.
 struct OpenParams {
-  // For a backend with providers (ofi): a provider name, or "" for its best network.
-  std::string provider;
+  // The job's values of every backend's option rows (ferry/options.hpp's BackendOptionTable),
+  // by row name: a backend reads its own, and another's only where that row says it serves it
+  // too (self's queue from shm_cells, ucx's RMA within a host from shm_copy). Kept neutral so
+  // the core passes them on without knowing any.
+  std::vector<std::pair<std::string, OptionValue>> options;
+  // FERRY_TRANSPORT named this backend for every peer, and every rank shares this host.
+  bool one_host = false;
+
+  // The value of the row `name`. Throws ferry::Error when no backend declares it.
+  const OptionValue& option(std::string_view name) const {
+    for (const auto& [n, v] : options) {
+      if (n == name) return v;
+    }
+    throw Error("backend option '" + std::string(name) + "' was not resolved (no backend declares it)");
+  }
 };
 
 // What the core asks of one transport.
@@ -45,13 +63,11 @@ struct TransportParams {
   int device = 0;               // the ferry device the transport serves
   std::size_t packet_size = 0;  // the device's packet payload: the largest eager message it sends
   std::size_t packets = 0;      // the device's packet budget (FERRY_PACKETS)
-  std::size_t cells = 0;        // cells per shared-memory receive queue, a power of two
   // The lock model never lets two threads into the device at once (every model but lockless).
   bool serialized = false;
   // The keepalive's own endpoint: small messages only, no RMA, never serialized.
   bool heartbeat = false;
   std::vector<bool> away;  // by rank: on another host
-  ShmCopy copy = ShmCopy::automatic;
 };
 
 // One backend opened in this process: a libfabric fabric and domain, a UCP context, or

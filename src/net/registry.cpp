@@ -13,14 +13,19 @@
 
 namespace ferry::net {
 
-// The built-in backends' registrations, defined in their folders.
+// The built-in backends' registrations and every backend's option rows, defined in their
+// folders (the rows' file is linked into libferry even for a module: backend.hpp).
 #define FERRY_BACKEND_BUILTIN(n) const BackendInfo* builtin_backend_##n() noexcept;
 #define FERRY_BACKEND_LOADABLE(n)
 #define FERRY_BACKEND_ABSENT(n, why)
+#define FERRY_BACKEND_REACH(n, bits)
+#define FERRY_BACKEND_OPTIONS(n) const BackendOptionTable& backend_options_##n();
 #include "backends.inc"
 #undef FERRY_BACKEND_BUILTIN
 #undef FERRY_BACKEND_LOADABLE
 #undef FERRY_BACKEND_ABSENT
+#undef FERRY_BACKEND_REACH
+#undef FERRY_BACKEND_OPTIONS
 
 namespace {
 
@@ -36,13 +41,45 @@ struct Slot {
 #define FERRY_BACKEND_BUILTIN(n) Slot{#n, Kind::builtin, &builtin_backend_##n, nullptr},
 #define FERRY_BACKEND_LOADABLE(n) Slot{#n, Kind::module, nullptr, nullptr},
 #define FERRY_BACKEND_ABSENT(n, why) Slot{#n, Kind::absent, nullptr, why},
+#define FERRY_BACKEND_REACH(n, bits)
+#define FERRY_BACKEND_OPTIONS(n)
 constexpr Slot kSlots[] = {
 #include "backends.inc"
 };
 #undef FERRY_BACKEND_BUILTIN
 #undef FERRY_BACKEND_LOADABLE
 #undef FERRY_BACKEND_ABSENT
+#undef FERRY_BACKEND_REACH
+#undef FERRY_BACKEND_OPTIONS
 constexpr std::size_t kCount = sizeof(kSlots) / sizeof(kSlots[0]);
+
+// The declared reach and option rows, by name (lines of their own in the list).
+struct Declared {
+  const char* name;
+  unsigned reach;
+};
+#define FERRY_BACKEND_BUILTIN(n)
+#define FERRY_BACKEND_LOADABLE(n)
+#define FERRY_BACKEND_ABSENT(n, why)
+#define FERRY_BACKEND_REACH(n, bits) Declared{#n, bits},
+#define FERRY_BACKEND_OPTIONS(n)
+constexpr Declared kReach[] = {
+#include "backends.inc"
+};
+#undef FERRY_BACKEND_REACH
+#undef FERRY_BACKEND_OPTIONS
+using OptionsOf = const BackendOptionTable& (*)();
+#define FERRY_BACKEND_REACH(n, bits)
+#define FERRY_BACKEND_OPTIONS(n) &backend_options_##n,
+constexpr OptionsOf kOptions[] = {
+#include "backends.inc"
+    nullptr,  // a build whose backends declare no options
+};
+#undef FERRY_BACKEND_BUILTIN
+#undef FERRY_BACKEND_LOADABLE
+#undef FERRY_BACKEND_ABSENT
+#undef FERRY_BACKEND_REACH
+#undef FERRY_BACKEND_OPTIONS
 
 // Loaded modules' registrations, by slot; written once under the mutex, read under it too
 // (backend() is a set-up call, so the lock costs nothing that matters).
@@ -107,6 +144,24 @@ std::string module_dir() {
   return dir + "/ferry";
 }
 
+unsigned backend_reach(std::string_view name) noexcept {
+  for (const Declared& d : kReach) {
+    if (name == d.name) return d.reach;
+  }
+  return 0;
+}
+
+const std::vector<BackendOptionTable>& backend_options() {
+  static const std::vector<BackendOptionTable> tables = [] {
+    std::vector<BackendOptionTable> out;
+    for (OptionsOf f : kOptions) {
+      if (f != nullptr) out.push_back(f());
+    }
+    return out;
+  }();
+  return tables;
+}
+
 std::string backend_origin(std::string_view name) {
   const Slot* s = find(name);
   if (s == nullptr) return "unknown";
@@ -142,6 +197,12 @@ const BackendInfo& backend(std::string_view name, std::string_view setting) {
   const BackendInfo*& slot = loaded[static_cast<std::size_t>(s - kSlots)];
   if (slot != nullptr) return *slot;
   const BackendInfo& info = load_module(s->name, module_path(*s), setting);
+  // The core planned with the declared reach; a module that reaches otherwise is not this build's.
+  if (info.reach != backend_reach(s->name)) {
+    throw Error(std::string(setting) + ": " + module_path(*s) + " reaches other peers than ferry's " + s->name +
+                " backend declares (reach " + std::to_string(info.reach) + ", declared " +
+                std::to_string(backend_reach(s->name)) + "): a module of another build?");
+  }
   // The module's library may have brought libraries that take over fatal signals as they load.
   restore_fatal_signals();
   slot = &info;

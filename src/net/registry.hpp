@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ferry/options.hpp"
 #include "net/backend.hpp"
 
 namespace ferry::net {
@@ -29,6 +30,14 @@ std::vector<std::string> backend_names();
 // know (listing those it does), one it was built without (saying why), or a module that fails
 // to load (its path and dlerror()).
 const BackendInfo& backend(std::string_view name, std::string_view setting);
+
+// Which peers `name`'s transports reach (Reach bits), as its ferry_backend() call declares it:
+// known without loading a module, also for a backend this build lacks; 0 for an unknown name.
+unsigned backend_reach(std::string_view name) noexcept;
+
+// Every backend's option rows, for those that declare some, in registration order: compiled
+// into libferry, so no module is loaded to list or check them.
+const std::vector<BackendOptionTable>& backend_options();
 
 // How `name` comes with this build: "built in", "module <path>", or "not built: <why>".
 std::string backend_origin(std::string_view name);

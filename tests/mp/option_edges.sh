@@ -57,8 +57,12 @@ works "FERRY_PACKET_SIZE=1040" "$mptests" "$data"
 works "FERRY_PACKET_SIZE=64" "$mptests" "$data"
 
 # Ranks that disagree on a setting that shapes the wire are stopped at start-up, by name,
-# before one truncates the other's messages: rank 1 alone gets the setting.
-for setting in FERRY_PACKET_SIZE=1024 FERRY_FRAGMENT=off FERRY_FRAGMENT_MAX=8192 FERRY_DEVICES=2 FERRY_PEER_TIMEOUT_MS=8000; do
+# before one truncates the other's messages: rank 1 alone gets the setting. A backend's row
+# that declares itself job-wide too (the ofi provider; not where FERRY_PROVIDER, its old name,
+# is set already: rank 1 would then stop on the two names' conflict instead).
+job_wide=(FERRY_PACKET_SIZE=1024 FERRY_FRAGMENT=off FERRY_FRAGMENT_MAX=8192 FERRY_DEVICES=2 FERRY_PEER_TIMEOUT_MS=8000)
+[ -z "${FERRY_PROVIDER:-}" ] && job_wide+=(FERRY_OFI_PROVIDER=tcp)
+for setting in "${job_wide[@]}"; do
   program=(bash -c 'if [ "$PMI_RANK" = 1 ]; then export '"$setting"'; fi; exec "$0"' "$hello")
   refused "FERRY_LOG=warn" "ranks disagree on ${setting%%=*}" "'${setting#*=}'"
 done

@@ -76,7 +76,10 @@ class Contract : public ::testing::Test {
     backend_name_ = env("FERRY_TEST_BACKEND");
     if (backend_name_.empty()) backend_name_ = "shm";
     try {
-      backend_ = backend(backend_name_, "FERRY_TEST_BACKEND").open(OpenParams{env("FERRY_TEST_PROVIDER")});
+      // The backends' rows as a job resolves them (defaults, or the environment's FERRY_SHM_*).
+      ferry::RuntimeOptions o;
+      if (!env("FERRY_TEST_PROVIDER").empty()) o.backend_options = {{"ofi_provider", env("FERRY_TEST_PROVIDER")}};
+      backend_ = backend(backend_name_, "FERRY_TEST_BACKEND").open(OpenParams{ferry::resolve_options(o).settings.backends});
     } catch (const std::exception& e) {
       open_error_ = e.what();
     }
@@ -93,11 +96,9 @@ class Contract : public ::testing::Test {
                         .device = 0,
                         .packet_size = 8192,
                         .packets = 4096,
-                        .cells = 256,
                         .serialized = true,
                         .heartbeat = false,
-                        .away = std::vector<bool>(static_cast<std::size_t>(size), false),
-                        .copy = ShmCopy::automatic};
+                        .away = std::vector<bool>(static_cast<std::size_t>(size), false)};
       sides_[r].t = backend_->make_transport(p);
     }
     std::vector<std::string> addresses;

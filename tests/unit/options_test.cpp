@@ -2,6 +2,7 @@
 // (explicit > env > default), and README's option table against them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -22,6 +23,7 @@
 #include "ferry/options.hpp"
 #include "ferry/parcel.hpp"
 #include "ferry/runtime.hpp"
+#include "net/registry.hpp"
 
 namespace {
 
@@ -29,10 +31,12 @@ using ferry::detail::parse_size;
 
 ferry::RuntimeSettings resolve_config(const ferry::RuntimeOptions& o) { return ferry::resolve_options(o).settings; }
 
-// Every layer's rows, core first.
+// Every layer's rows, core first, then the backends'.
 std::vector<const ferry::OptionInfo*> all_options() {
   std::vector<const ferry::OptionInfo*> out;
   for (const auto& r : ferry::runtime_option_table().rows()) out.push_back(&r.info);
+  for (const auto& t : ferry::backend_option_tables())
+    for (const auto& r : t.rows) out.push_back(&r.info);
   for (const auto& r : ferry::parcel::option_table().rows()) out.push_back(&r.info);
   for (const auto& r : ferry::amt::option_table().rows()) out.push_back(&r.info);
   return out;
@@ -101,12 +105,18 @@ class Env : public testing::Test {
  protected:
   void SetUp() override {
     for (const ferry::OptionInfo* o : all_options()) {
-      if (const char* v = std::getenv(o->env)) saved_[o->env] = v;
-      ::unsetenv(o->env);
+      for (const char* env : {o->env, o->deprecated_env}) {
+        if (env == nullptr) continue;
+        if (const char* v = std::getenv(env)) saved_[env] = v;
+        ::unsetenv(env);
+      }
     }
   }
   void TearDown() override {
-    for (const ferry::OptionInfo* o : all_options()) ::unsetenv(o->env);
+    for (const ferry::OptionInfo* o : all_options()) {
+      ::unsetenv(o->env);
+      if (o->deprecated_env != nullptr) ::unsetenv(o->deprecated_env);
+    }
     for (const auto& [name, value] : saved_) ::setenv(name.c_str(), value.c_str(), 1);
   }
   static void set(const char* name, const char* value) { ASSERT_EQ(::setenv(name, value, 1), 0); }
@@ -264,7 +274,7 @@ TEST_F(Env, MalformedEnvironmentValueNamesVariableAndValue) {
 TEST_F(Env, EveryOptionRefusesAValueOfTheWrongKindByName) {
   using T = ferry::OptionType;
   auto resolve_all = [] {
-    (void)ferry::runtime_option_table().resolve();
+    (void)ferry::resolve_options();  // the core's table and the backends' rows
     (void)ferry::parcel::option_table().resolve();
     (void)ferry::amt::option_table().resolve();
   };
@@ -576,7 +586,10 @@ std::string read_text(const std::filesystem::path& p) {
 // read the environment.
 TEST(OptionTable, CoversEveryVariableTheSourcesRead) {
   std::set<std::string> table;
-  for (const ferry::OptionInfo* o : all_options()) table.insert(o->env);
+  for (const ferry::OptionInfo* o : all_options()) {
+    table.insert(o->env);
+    if (o->deprecated_env != nullptr) table.insert(o->deprecated_env);
+  }
   const std::regex literal("\"(FERRY_[A-Z0-9_]+)\"");
   std::size_t files = 0;
   const std::filesystem::path src = std::filesystem::path(FERRY_SOURCE_DIR) / "src";
@@ -606,18 +619,175 @@ TEST_F(Env, ResolvedOptionsReportTheValuesInForce) {
   o.prepost = 64;  // explicit beats FERRY_PREPOST
   const auto resolved = ferry::resolve_options(o).options;
   const auto& rows = ferry::runtime_option_table().rows();
-  ASSERT_EQ(resolved.size(), rows.size());
+  std::size_t backend_rows = 0;
+  for (const auto& t : ferry::backend_option_tables()) backend_rows += t.rows.size();
+  ASSERT_EQ(resolved.size(), rows.size() + backend_rows) << "the core's rows, then the backends'";
   std::map<std::string, std::string> value;
   for (std::size_t i = 0; i < resolved.size(); ++i) {
-    EXPECT_EQ(resolved[i].info, &rows[i].info) << "same order as the table";
+    if (i < rows.size()) {
+      EXPECT_EQ(resolved[i].info, &rows[i].info) << "same order as the table";
+    }
     value[resolved[i].info->env] = resolved[i].value;
   }
   EXPECT_EQ(value["FERRY_PACKETS"], "1024");
-  EXPECT_EQ(value["FERRY_PROVIDER"], "shm");
+  EXPECT_EQ(value["FERRY_OFI_PROVIDER"], "shm");  // through its deprecated name FERRY_PROVIDER
   EXPECT_EQ(value["FERRY_PREPOST"], "64");
   EXPECT_EQ(value["FERRY_PACKET_SIZE"], "8192");  // default
   EXPECT_EQ(value["FERRY_BOOTSTRAP"], "auto");
   EXPECT_EQ(value["FERRY_PROGRESS"], "thread:2");
+}
+
+// --- The backends' rows ---------------------------------------------------------------------
+
+// The value in force of the row `name` and its source, from resolve_options().
+std::pair<std::string, ferry::OptionSource> backend_value(const ferry::RuntimeOptions& o, const std::string& name) {
+  for (const ferry::ResolvedOption& r : ferry::resolve_options(o).options) {
+    if (name == r.info->name) return {r.value, r.source};
+  }
+  ADD_FAILURE() << name << " was not resolved";
+  return {};
+}
+
+const ferry::BackendOption* backend_row(const std::string& name) {
+  for (const auto& t : ferry::backend_option_tables())
+    for (const auto& r : t.rows)
+      if (name == r.info.name) return &r;
+  return nullptr;
+}
+
+TEST_F(Env, BackendsDeclareTheirOwnRows) {
+  std::map<std::string, std::set<std::string>> by_backend;
+  for (const auto& t : ferry::backend_option_tables())
+    for (const auto& r : t.rows) by_backend[t.backend].insert(r.info.env);
+  EXPECT_EQ(by_backend["shm"], (std::set<std::string>{"FERRY_SHM_COPY", "FERRY_SHM_CELLS"}));
+  EXPECT_EQ(by_backend["ofi"], (std::set<std::string>{"FERRY_OFI_PROVIDER"}));
+  EXPECT_EQ(by_backend.count("ucx"), 0u) << "ferry reads no UCX setting of its own";
+  EXPECT_EQ(by_backend.count("self"), 0u);
+  // The core's table no longer has them.
+  for (const auto& r : ferry::runtime_option_table().rows()) {
+    const std::string env = r.info.env;
+    EXPECT_TRUE(env != "FERRY_PROVIDER" && env.rfind("FERRY_SHM_", 0) != 0 && env.rfind("FERRY_OFI_", 0) != 0) << env;
+  }
+  ASSERT_NE(backend_row("ofi_provider"), nullptr);
+  EXPECT_TRUE(backend_row("ofi_provider")->job_wide) << "ranks on different providers cannot reach each other";
+  EXPECT_STREQ(backend_row("ofi_provider")->info.deprecated_env, "FERRY_PROVIDER");
+}
+
+TEST_F(Env, BackendRowsResolveLikeTheCores) {
+  const ferry::Resolved<ferry::RuntimeSettings> d = ferry::resolve_options();
+  EXPECT_EQ(d.value("shm_copy"), "auto");
+  EXPECT_EQ(d.value("shm_cells"), "256");
+  EXPECT_EQ(d.value("ofi_provider"), "auto");
+  set("FERRY_SHM_COPY", "copy");
+  set("FERRY_SHM_CELLS", "1k");
+  set("FERRY_OFI_PROVIDER", "tcp");
+  const ferry::Resolved<ferry::RuntimeSettings> r = ferry::resolve_options();
+  EXPECT_EQ(r.value("shm_copy"), "copy");
+  EXPECT_EQ(r.value("shm_cells"), "1024");
+  EXPECT_EQ(r.value("ofi_provider"), "tcp");
+  // The neutral form a backend's open() receives: the typed value by row name.
+  std::map<std::string, ferry::OptionValue> typed(r.settings.backends.begin(), r.settings.backends.end());
+  EXPECT_EQ(typed["shm_copy"].index, 2u);  // auto, cma, copy
+  EXPECT_EQ(typed["shm_cells"].number, 1024u);
+  EXPECT_EQ(typed["ofi_provider"].text, "tcp");
+  // The deprecated fields still report them.
+  EXPECT_EQ(r.settings.provider, "tcp");
+  EXPECT_EQ(r.settings.shm_cells, 1024u);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  EXPECT_EQ(r.settings.shm_copy, ferry::ShmCopyMode::copy);
+#pragma GCC diagnostic pop
+}
+
+TEST_F(Env, BadBackendValuesNameTheVariableAndTheValue) {
+  set("FERRY_SHM_COPY", "bogus");
+  auto e = error_of([] { (void)ferry::resolve_options(); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_TRUE(contains(*e, "FERRY_SHM_COPY='bogus'") && contains(*e, "auto, cma, copy")) << *e;
+  ::unsetenv("FERRY_SHM_COPY");
+  set("FERRY_SHM_CELLS", "1");
+  e = error_of([] { (void)ferry::resolve_options(); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_TRUE(contains(*e, "FERRY_SHM_CELLS=1 is out of range") && contains(*e, "2 to 1048576")) << *e;
+  ::unsetenv("FERRY_SHM_CELLS");
+  set("FERRY_SHM_CELLS", "many");
+  e = error_of([] { (void)ferry::resolve_options(); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_TRUE(contains(*e, "FERRY_SHM_CELLS='many'")) << *e;
+  // ferry-info's listing reports the same without throwing.
+  std::vector<std::string> errors;
+  for (const auto& t : ferry::backend_option_tables()) (void)t.inspect(errors);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_TRUE(contains(errors[0], "FERRY_SHM_CELLS='many'")) << errors[0];
+}
+
+TEST_F(Env, FerryProviderIsTheDeprecatedNameOfFerryOfiProvider) {
+  set("FERRY_PROVIDER", "tcp");
+  EXPECT_EQ(backend_value({}, "ofi_provider"), std::make_pair(std::string("tcp"), ferry::OptionSource::environment));
+  set("FERRY_OFI_PROVIDER", "tcp");  // both, and the same: fine
+  EXPECT_EQ(backend_value({}, "ofi_provider").first, "tcp");
+  set("FERRY_OFI_PROVIDER", "verbs");
+  const auto e = error_of([] { (void)ferry::resolve_options(); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_TRUE(contains(*e, "FERRY_OFI_PROVIDER='verbs'") && contains(*e, "FERRY_PROVIDER='tcp'") &&
+              contains(*e, "deprecated"))
+      << *e;
+  // An empty variable counts as unset, for the old name too.
+  set("FERRY_PROVIDER", "");
+  EXPECT_EQ(backend_value({}, "ofi_provider").first, "verbs");
+}
+
+TEST_F(Env, ProgramsSetBackendRowsByName) {
+  set("FERRY_SHM_COPY", "copy");
+  ferry::RuntimeOptions o;
+  o.backend_options = {{"shm_copy", "cma"}, {"FERRY_OFI_PROVIDER", "verbs"}};
+  EXPECT_EQ(backend_value(o, "shm_copy"), std::make_pair(std::string("cma"), ferry::OptionSource::program));
+  EXPECT_EQ(backend_value(o, "ofi_provider").first, "verbs");
+  // The deprecated fields are still honoured, below backend_options.
+  ferry::RuntimeOptions old;
+  old.provider = "tcp";
+  old.shm_cells = 64;
+  EXPECT_EQ(backend_value(old, "ofi_provider"), std::make_pair(std::string("tcp"), ferry::OptionSource::program));
+  EXPECT_EQ(backend_value(old, "shm_cells").first, "64");
+  old.backend_options = {{"ofi_provider", "efa"}};
+  EXPECT_EQ(backend_value(old, "ofi_provider").first, "efa");
+  // A bad value names where it came from; an unknown name is refused.
+  ferry::RuntimeOptions bad;
+  bad.backend_options = {{"shm_copy", "sometimes"}};
+  auto e = error_of([&] { (void)ferry::resolve_options(bad); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_TRUE(contains(*e, "RuntimeOptions::backend_options[shm_copy]='sometimes'")) << *e;
+  bad.backend_options = {{"ucx_tls", "tcp"}};
+  e = error_of([&] { (void)ferry::resolve_options(bad); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_TRUE(contains(*e, "'ucx_tls' is not an option")) << *e;
+}
+
+TEST_F(Env, TransportAndNetworkChoicesAreTheRegistrysBackends) {
+  const ferry::OptionInfo* transport = nullptr;
+  const ferry::OptionInfo* network = nullptr;
+  for (const auto& r : ferry::runtime_option_table().rows()) {
+    if (std::string(r.info.name) == "transport") transport = &r.info;
+    if (std::string(r.info.name) == "network") network = &r.info;
+  }
+  ASSERT_NE(transport, nullptr);
+  ASSERT_NE(network, nullptr);
+  std::vector<std::string> every{"auto"}, reaching;
+  for (const std::string& n : ferry::net::backend_names()) {
+    every.push_back(n);
+    if (ferry::net::reaches(ferry::net::backend_reach(n), ferry::net::Reach::network)) reaching.push_back(n);
+  }
+  EXPECT_EQ(std::vector<std::string>(transport->names.begin(), transport->names.end()), every);
+  EXPECT_EQ(std::vector<std::string>(network->names.begin(), network->names.end()), reaching);
+  EXPECT_NE(std::find(every.begin(), every.end(), "self"), every.end());
+  EXPECT_EQ(std::find(reaching.begin(), reaching.end(), "shm"), reaching.end()) << "shm reaches one host only";
+  EXPECT_EQ(network->default_value, reaching.front());
+  set("FERRY_TRANSPORT", "self");
+  EXPECT_EQ(ferry::resolve_options().settings.transport, "self");
+  set("FERRY_NETWORK", "shm");
+  const auto e = error_of([] { (void)ferry::resolve_options(); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_TRUE(contains(*e, "FERRY_NETWORK='shm' is not valid")) << *e;
 }
 
 // --- README's option table ------------------------------------------------------------------
@@ -691,6 +861,13 @@ TEST(OptionTable, ReadmeListsEveryOptionWithItsDefault) {
   std::set<std::string> tables;
   for (const ferry::OptionInfo* o : all_options()) {
     tables.insert(o->env);
+    // A deprecated name is listed with the row's default, or not at all.
+    if (o->deprecated_env != nullptr) {
+      tables.insert(o->deprecated_env);
+      if (readme_default.count(o->deprecated_env)) {
+        EXPECT_EQ(readme_default[o->deprecated_env], o->default_value) << o->deprecated_env;
+      }
+    }
     auto it = readme_default.find(o->env);
     if (it == readme_default.end()) {
       ADD_FAILURE() << o->env << " is in a table but not in README's Environment variables (or its default is not "

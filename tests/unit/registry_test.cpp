@@ -35,6 +35,25 @@ TEST(Registry, BuiltInBackendsNeedNoModule) {
   EXPECT_STREQ(ferry::net::backend("self", "test").name, "self");
 }
 
+// What the core plans with and the resolver checks comes from the list compiled into
+// libferry, so asking never loads a module.
+TEST(Registry, ReachAndOptionRowsAreKnownWithoutLoadingAModule) {
+  using ferry::net::Reach;
+  const bool ofi = ferry::net::backend_loaded("ofi"), ucx = ferry::net::backend_loaded("ucx");
+  EXPECT_EQ(ferry::net::backend_reach("self"), unsigned(Reach::self));
+  EXPECT_EQ(ferry::net::backend_reach("shm"), Reach::self | Reach::host);
+  EXPECT_EQ(ferry::net::backend_reach("ofi"), Reach::self | Reach::host | Reach::network);
+  EXPECT_EQ(ferry::net::backend_reach("ucx"), Reach::self | Reach::host | Reach::network);
+  EXPECT_EQ(ferry::net::backend_reach("nope"), 0u);
+  std::string with_rows;
+  for (const ferry::BackendOptionTable& t : ferry::net::backend_options()) with_rows += std::string(t.backend) + ' ';
+  EXPECT_EQ(with_rows, "shm ofi ");
+  EXPECT_EQ(ferry::net::backend_loaded("ofi"), ofi);
+  EXPECT_EQ(ferry::net::backend_loaded("ucx"), ucx);
+  // A built-in backend's registration agrees with its declaration.
+  for (const char* name : {"self", "shm"}) EXPECT_EQ(ferry::net::backend(name, "test").reach, ferry::net::backend_reach(name));
+}
+
 TEST(Registry, ModulesLieBesideLibferry) {
   for (const char* name : {"ofi", "ucx"}) {
     const std::string origin = ferry::net::backend_origin(name);

@@ -28,17 +28,24 @@ std::string valid_values(const ferry::OptionInfo& info) {
   return "";
 }
 
+// `indent`: the rows' own indent (a backend's rows sit under its entry).
+void print_rows(const std::vector<ferry::ResolvedOption>& rows, const char* indent) {
+  for (const ferry::ResolvedOption& o : rows) {
+    const ferry::OptionInfo& i = *o.info;
+    std::printf("%s%-22s = %-10s (%s)\n%s    %s\n%s    %s", indent, i.env, o.value.c_str(), ferry::to_string(o.source),
+                indent, i.help, indent, ferry::to_string(i.type));
+    const std::string valid = valid_values(i);
+    if (!valid.empty()) std::printf(": %s", valid.c_str());
+    std::printf("; default %s", i.default_value);
+    if (i.deprecated_env != nullptr) std::printf("; deprecated name %s", i.deprecated_env);
+    std::printf("\n");
+  }
+}
+
 template <class Table>
 void print_table(const Table& table, std::vector<std::string>& errors) {
   std::printf("\n%s options (value in force; set the environment variable to change it):\n", table.layer());
-  for (const ferry::ResolvedOption& o : table.inspect(errors)) {
-    const ferry::OptionInfo& i = *o.info;
-    std::printf("  %-22s = %-10s (%s)\n      %s\n      %s", i.env, o.value.c_str(), ferry::to_string(o.source), i.help,
-                ferry::to_string(i.type));
-    const std::string valid = valid_values(i);
-    if (!valid.empty()) std::printf(": %s", valid.c_str());
-    std::printf("; default %s\n", i.default_value);
-  }
+  print_rows(table.inspect(errors), "  ");
 }
 
 }  // namespace
@@ -48,6 +55,7 @@ int main(int argc, char** argv) {
   bool probe = false;
   app.add_flag("--probe", probe, "also open each libfabric provider and print its limits (inject size, mr mode...)");
   CLI11_PARSE(app, argc, argv);
+  std::vector<std::string> errors;  // invalid values in the environment, reported at the end
 
   std::printf("ferry %s\n\n", ferry::version());
   std::printf("backends (FERRY_TRANSPORT names one for every peer; auto: shm within a host, self to this rank, "
@@ -56,9 +64,14 @@ int main(int argc, char** argv) {
     std::printf("  %s: %s\n    %s\n", b.name.c_str(), b.usable ? b.summary.c_str() : "unavailable", b.origin.c_str());
     if (!b.usable && b.origin.rfind("not built", 0) != 0) std::printf("    %s\n", b.error.c_str());
     for (const auto& [label, value] : b.facts) std::printf("    %s: %s\n", label.c_str(), value.c_str());
+    // Its own options, also when it is not built here (its variables are still checked).
+    for (const ferry::BackendOptionTable& t : ferry::backend_option_tables()) {
+      if (t.backend != b.name) continue;
+      std::printf("    options:\n");
+      print_rows(t.inspect(errors), "      ");
+    }
   }
   // Check the settings now, so a typo shows here rather than at the first run.
-  std::vector<std::string> errors;
   print_table(ferry::runtime_option_table(), errors);
   print_table(ferry::parcel::option_table(), errors);
   print_table(ferry::amt::option_table(), errors);

@@ -56,13 +56,20 @@ std::vector<Fact> describe(bool with_probe) {
   return facts;
 }
 
+// The row ofi_provider (options.cpp). "auto": libfabric's own shared memory when this backend
+// serves a job of one host alone, else "" (libfabric's best network).
+std::unique_ptr<Backend> open(const OpenParams& p) {
+  const std::string& provider = p.option("ofi_provider").text;
+  return std::make_unique<OfiBackend>(open_fabric(provider != "auto" ? provider : p.one_host ? "shm" : ""));
+}
+
 const OfiTools kTools{&available_providers, &probe, &version};
 
 const BackendInfo kOfi{
     "ofi",
-    "libfabric: any rank, through one provider (FERRY_PROVIDER: shm, tcp, verbs, cxi, efa, ...)",
+    "libfabric: any rank, through one provider (FERRY_OFI_PROVIDER: shm, tcp, verbs, cxi, efa, ...)",
     unsigned(Reach::self) | Reach::host | Reach::network,
-    [](const OpenParams& p) -> std::unique_ptr<Backend> { return std::make_unique<OfiBackend>(open_fabric(p.provider)); },
+    &open,
     &describe,
     &kTools,
 };

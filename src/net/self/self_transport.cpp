@@ -23,6 +23,7 @@
 
 #include "common/mpmc_ring.hpp"
 #include "common/mpsc_queue.hpp"
+#include "common/queue_support.hpp"
 #include "common/spinlock.hpp"
 #include "ferry/error.hpp"
 #include "net/backend.hpp"
@@ -76,8 +77,8 @@ class SelfRegistration final : public Registration {
 
 class SelfTransport final : public Transport {
  public:
-  explicit SelfTransport(const TransportParams& p)
-      : rank_(p.rank), cell_payload_(p.packet_size), cells_(std::max<std::size_t>(p.cells, 2)), free_(cells_.size()),
+  SelfTransport(const TransportParams& p, std::size_t cells)
+      : rank_(p.rank), cell_payload_(p.packet_size), cells_(std::max<std::size_t>(cells, 2)), free_(cells_.size()),
         payloads_(new unsigned char[cells_.size() * cell_payload_]) {
     if (p.packet_size == 0) throw Error("self: packet_size=0; a message needs at least one byte of room");
     for (std::size_t i = 0; i < cells_.size(); ++i) {
@@ -269,17 +270,23 @@ class SelfTransport final : public Transport {
 
 class SelfBackend final : public Backend {
  public:
+  // Its queue is as deep as a shared-memory receive queue (the shm backend's row shm_cells,
+  // which says so): a rank alone on its host sees the same back-pressure as one with neighbours.
+  explicit SelfBackend(const OpenParams& p) : cells_(detail::round_up_pow2(p.option("shm_cells").number)) {}
   std::unique_ptr<Transport> make_transport(const TransportParams& p) override {
-    return std::make_unique<SelfTransport>(p);
+    return std::make_unique<SelfTransport>(p, cells_);
   }
   std::string provider() const override { return "none"; }
+
+ private:
+  std::size_t cells_;
 };
 
 const BackendInfo kSelf{
     "self",
     "a rank to itself, in its own memory (FERRY_TRANSPORT=auto's route to this rank)",
     unsigned(Reach::self),
-    [](const OpenParams&) -> std::unique_ptr<Backend> { return std::make_unique<SelfBackend>(); },
+    [](const OpenParams& p) -> std::unique_ptr<Backend> { return std::make_unique<SelfBackend>(p); },
     [](bool) { return std::vector<Fact>{}; },
 };
 

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <string>
 
+#include "common/queue_support.hpp"
 #include "net/backend.hpp"
 #include "net/util/cma.hpp"
 #include "net/shm/shm_transport.hpp"
@@ -36,17 +37,25 @@ std::string large_data_path() {
 
 class ShmBackend final : public Backend {
  public:
+  // The rows of options.cpp: shm_copy's names follow ShmCopy's values.
+  explicit ShmBackend(const OpenParams& p)
+      : cells_(detail::round_up_pow2(p.option("shm_cells").number)),
+        copy_(static_cast<ShmCopy>(p.option("shm_copy").index)) {}
   std::unique_ptr<Transport> make_transport(const TransportParams& p) override {
-    return make_shm_transport(ShmParams{p.rank, p.size, p.device, p.packet_size, p.cells, p.copy});
+    return make_shm_transport(ShmParams{p.rank, p.size, p.device, p.packet_size, cells_, copy_});
   }
   std::string provider() const override { return "none"; }
+
+ private:
+  std::size_t cells_;
+  ShmCopy copy_;
 };
 
 const BackendInfo kShm{
     "shm",
     "ferry's shared memory: ranks of one host, a cell queue per receiver, large data by cross-memory attach or copy",
     unsigned(Reach::self) | Reach::host,
-    [](const OpenParams&) -> std::unique_ptr<Backend> { return std::make_unique<ShmBackend>(); },
+    [](const OpenParams& p) -> std::unique_ptr<Backend> { return std::make_unique<ShmBackend>(p); },
     [](bool) { return std::vector<Fact>{{"large data", large_data_path()}}; },
 };
 

@@ -9,23 +9,27 @@ namespace {
 
 class UcxBackend final : public Backend {
  public:
-  UcxBackend() : context_(open_context()) {}
+  // RMA to peers of this host without a UCX RMA lane moves as the shm backend's row shm_copy
+  // says (its names follow ShmCopy's values): one setting for large data within a host.
+  explicit UcxBackend(const OpenParams& p)
+      : context_(open_context()), copy_(static_cast<ShmCopy>(p.option("shm_copy").index)) {}
   std::unique_ptr<Transport> make_transport(const net::TransportParams& p) override {
     // The keepalive's endpoint: its own thread calls it (not serialized), heartbeats only.
     if (p.heartbeat) return ucx::make_transport(*context_, ucx::TransportParams{p.rank, false, p.away, 1024, ShmCopy::copy});
-    return ucx::make_transport(*context_, ucx::TransportParams{p.rank, p.serialized, p.away, p.packets, p.copy});
+    return ucx::make_transport(*context_, ucx::TransportParams{p.rank, p.serialized, p.away, p.packets, copy_});
   }
   std::string provider() const override { return "ucx"; }
 
  private:
   ContextPtr context_;
+  ShmCopy copy_;
 };
 
 const BackendInfo kUcx{
     "ucx",
     "UCX (UCP active messages and RMA): any rank, over the transports UCX picks (UCX_TLS)",
     unsigned(Reach::self) | Reach::host | Reach::network,
-    [](const OpenParams&) -> std::unique_ptr<Backend> { return std::make_unique<UcxBackend>(); },
+    [](const OpenParams& p) -> std::unique_ptr<Backend> { return std::make_unique<UcxBackend>(p); },
     [](bool) { return std::vector<Fact>{{"version and lanes", describe()}}; },
 };
 
