@@ -260,7 +260,7 @@ const RuntimeOptionTable& runtime_option_table() {
                   "packets per device (send and receive buffers; over UCX also its bounce buffers, at most 1024)"},
                  &O::packets, &S::packets),
           option({"prepost", "FERRY_PREPOST", T::size, "256", {}, 1, UINT64_MAX, "packets",
-                  "receives each device keeps posted (refilled on idle polls, at once below half)"},
+                  "receives each device keeps posted on each transport that takes posted receives (refilled on idle polls, at once below half); a lending transport (ferry's shm) holds at most 16 spare packets instead"},
                  &O::prepost, &S::prepost),
           option({"recv_descriptors", "FERRY_RECV_DESCRIPTORS", T::size, "16384", {}, 1, 1u << 24, nullptr,
                   "post_recv calls per device that may wait for their message at once"},
