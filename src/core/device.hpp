@@ -6,6 +6,9 @@
 // protocols own theirs (protocols/: eager, fragments, rendezvous, rma). The device itself
 // checks every post's arguments, picks the protocol, runs the receive path (matching, arrived
 // messages) and dispatches every transport event, success and error alike, in one place.
+// Its definitions: device.cpp (construction, start, teardown), device_posts.cpp (the posts,
+// their checks, memory registration), device_receive.cpp (progress and the receive path),
+// device_failure.cpp (a peer's failure).
 //
 // Code paths and their rules
 //  - small-message path (post_am / post_send up to eager_limit(), and progress delivering
@@ -43,6 +46,7 @@
 #include "core/protocols/fragments.hpp"
 #include "core/protocols/rendezvous.hpp"
 #include "core/protocols/rma.hpp"
+#include "core/recv_blocks.hpp"
 #include "core/wire.hpp"
 #include "ferry/runtime.hpp"
 #include "net/transport.hpp"
@@ -163,9 +167,17 @@ class DeviceImpl : public DeviceContext {
   // `recv`: what a receive wants, from post_recv directly or from its queued descriptor.
   void deliver_message(const RecvDescriptor& recv, Packet* message);
   // An eager message packet's payload (after its header, or its heap block) and its release.
-  static const unsigned char* message_payload(Packet* m) noexcept;
-  static std::size_t message_size(const Packet* m) noexcept;
-  void release_message(Packet* m) noexcept;
+  // Here, inline: post_recv and deliver_message, in two files, both use them.
+  static const unsigned char* message_payload(Packet* m) noexcept {
+    return m->arrived.heap != nullptr ? m->arrived.heap : m->data() + kHeader;
+  }
+  static std::size_t message_size(const Packet* m) noexcept {
+    return m->arrived.heap != nullptr ? m->arrived.heap_size : m->arrived.length - kHeader;
+  }
+  void release_message(Packet* m) noexcept {
+    if (m->arrived.heap != nullptr) recv_blocks::give(m->arrived.heap);
+    pool_->put(m);
+  }
   // Keeps FERRY_PREPOST receives posted on a transport that takes posted receives.
   void repost(Link& link);
   // Signals the staged active messages (below) to their target, and empties the stage.

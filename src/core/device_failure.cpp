@@ -1,0 +1,44 @@
+// device_failure.cpp — a peer's failure, acted on by the device: its transports told, and
+// every receive, rendezvous and fragmented message pending to or from it failed.
+#include "core/device.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ferry::detail {
+
+void DeviceImpl::fail_peer(int rank) {
+  for (Link& l : links_) l.transport->peer_failed(rank);
+  fail_recvs(rank);
+  rendezvous_.fail_peer(rank);
+  fragments_.fail_peer(rank);
+}
+
+void DeviceImpl::check_failures() {
+  failures_.check_peers();
+  const std::uint32_t count = failures_.failure_count();
+  if (count == failures_seen_) return;
+  failures_seen_ = count;
+  if (handled_.empty()) handled_.assign(static_cast<std::size_t>(size_), 0);
+  for (int r = 0; r < size_; ++r) {
+    if (handled_[static_cast<std::size_t>(r)] != 0 || !peer_down(r)) continue;
+    handled_[static_cast<std::size_t>(r)] = 1;
+    fail_peer(r);
+  }
+}
+
+void DeviceImpl::fail_recvs(int rank) {
+  matching_.take_recvs_from(rank, [&](Packet* r) {
+    const RecvDescriptor d = r->recv;
+    recv_descriptors_->put(r);
+    Completion c;
+    c.op = OpKind::recv;
+    c.rank = rank;
+    c.tag = d.want.tag;
+    c.context = d.context;
+    c.error = peer_failed_error;
+    signal_local(d.local, std::move(c));
+  });
+}
+
+}  // namespace ferry::detail
