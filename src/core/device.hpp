@@ -153,7 +153,10 @@ class DeviceImpl : public DeviceContext {
   // The one dispatch of every event a transport reports, success and error alike.
   void on_event(Link& link, const net::Event& e);
   // `payload`: a fragment's payload bytes, in p or in the transport's memory (on_lent).
+  template <bool kFits = false>
   void on_recv(Link& link, Packet* p, std::size_t length, const unsigned char* payload);
+  // Logs, counts and returns to the pool a packet that fails its checks.
+  [[gnu::cold, gnu::noinline]] void drop_malformed(Packet* p, std::size_t length) noexcept;
   // A message lent by its transport (Event::lent): copied into a spare packet, then on_recv.
   void on_lent(Link& link, std::size_t length, const unsigned char* lent);
   // Refills spare_ from the pool (as far as it has packets); returns how many it holds.

@@ -9,8 +9,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <new>
+#include <typeinfo>
 #include <utility>
 
 #include "common/log.hpp"
@@ -128,46 +130,22 @@ void DeviceImpl::deliver_message(const RecvDescriptor& recv, Packet* message) {
   signal_local(recv.local, std::move(c));
 }
 
-// A lent message is still in memory its sender can write: the headers are copied into the
-// packet first and checked there; only payload bytes are read from the loan. Inlined into
-// progress, where nearly every message of a lent transport comes.
-[[gnu::always_inline]] inline void DeviceImpl::on_lent(Link& l, std::size_t length, const unsigned char* lent) {
-  if (__builtin_expect(spare_count_ == 0, 0)) {  // a transport that lent past set_lend_limit
-    FERRY_LOG_AT(error, rank_, index_, "%s lent a message of %zu bytes past its limit: dropped", l.caps->name.c_str(), length);
-    count_malformed();
-    return;
-  }
-  Packet* p = spare_[static_cast<std::size_t>(--spare_count_)];
-  const unsigned char* payload = p->data() + kFragmentHeader;
-  if (length > p->capacity) {
-    length = p->capacity + 1;  // dropped by on_recv, nothing copied
-  } else if (length >= kFragmentHeader && lent[0] == static_cast<std::uint8_t>(MsgKind::frag)) {
-    // Only the headers: the payload goes from the loan to the message being gathered.
-    std::memcpy(p->data(), lent, kFragmentHeader);
-    payload = lent + kFragmentHeader;
-    // The kind byte was read twice; if the sender changed it between, the packet is dropped.
-    if (p->data()[0] != static_cast<std::uint8_t>(MsgKind::frag)) length = p->capacity + 1;
-  } else {
-    copy_small(p->data(), lent, length);
-  }
-  on_recv(l, p, length, payload);
-}
-
 // `payload`: where a fragment's payload bytes are (in the packet, or lent by the transport).
 // Always inlined into progress(): with the keepalive's mark, GCC 12 stopped inlining it, and
 // the call cost 15 instructions per 8 B active message over ferry's shm (callgrind-am.sh:
 // receiver 606.9 without the mark, 622.0 with it out of line, 610.9 inlined).
+// kFits: the caller has checked length <= p->capacity (on_lent, before copying).
+template <bool kFits>
 [[gnu::always_inline]] inline void DeviceImpl::on_recv(Link& l, Packet* p, std::size_t length, const unsigned char* payload) {
   // The header comes from another process: its kind and sender are checked before use (the
   // sender indexes the route table).
-  const std::int32_t src = length >= kHeader ? decode<WireHeader>(p->data()).src : -1;
+  // min_length covers the kind and the header (every packet is longer than a header, so src
+  // reads the packet's own bytes even when the message is shorter; then it is not used).
+  const std::int32_t src = decode<WireHeader>(p->data()).src;
   // A rank reached through another transport cannot have sent this: its name is false.
-  if (length < kHeader || length > p->capacity || !valid_kind(p->data()[0]) || length < min_length(p->data()[0]) ||
-      src < 0 || src >= size_ || route_[static_cast<std::size_t>(src)] != &l) {
-    FERRY_LOG_AT(warn, rank_, index_, "dropped a malformed packet of %zu bytes (from rank %d, said the packet)",
-                 length, src);
-    count_malformed();
-    pool_->put(p);
+  if ((!kFits && length > p->capacity) || length < min_length(p->data()[0]) ||
+      static_cast<std::uint32_t>(src) >= static_cast<std::uint32_t>(size_) || route_[static_cast<std::size_t>(src)] != &l) {
+    drop_malformed(p, length);
     return;
   }
   p->arrived.length = static_cast<std::uint32_t>(length);
@@ -182,6 +160,43 @@ void DeviceImpl::deliver_message(const RecvDescriptor& recv, Packet* message) {
     return;
   }
   on_packet(p);
+}
+
+// A lent message is still in memory its sender can write: the headers are copied into the
+// packet first and checked there; only payload bytes are read from the loan. Inlined into
+// progress, where nearly every message of a lent transport comes.
+[[gnu::always_inline]] inline void DeviceImpl::on_lent(Link& l, std::size_t length, const unsigned char* lent) {
+  if (__builtin_expect(spare_count_ == 0, 0)) {  // a transport that lent past set_lend_limit
+    FERRY_LOG_AT(error, rank_, index_, "%s lent a message of %zu bytes past its limit: dropped", l.caps->name.c_str(), length);
+    count_malformed();
+    return;
+  }
+  Packet* p = spare_[static_cast<std::size_t>(--spare_count_)];
+  const unsigned char* payload = p->data() + kFragmentHeader;
+  if (__builtin_expect(length > p->capacity, 0)) {
+    drop_malformed(p, length);  // nothing copied
+    return;
+  }
+  if (length >= kFragmentHeader && lent[0] == static_cast<std::uint8_t>(MsgKind::frag)) {
+    // Only the headers: the payload goes from the loan to the message being gathered.
+    std::memcpy(p->data(), lent, kFragmentHeader);
+    payload = lent + kFragmentHeader;
+    // The kind byte was read twice; if the sender changed it between, the packet is dropped.
+    if (p->data()[0] != static_cast<std::uint8_t>(MsgKind::frag)) {
+      drop_malformed(p, length);
+      return;
+    }
+  } else {
+    copy_small(p->data(), lent, length);
+  }
+  on_recv<true>(l, p, length, payload);
+}
+
+void DeviceImpl::drop_malformed(Packet* p, std::size_t length) noexcept {
+  const std::int32_t src = length >= kHeader ? decode<WireHeader>(p->data()).src : -1;
+  FERRY_LOG_AT(warn, rank_, index_, "dropped a malformed packet of %zu bytes (from rank %d, said the packet)", length, src);
+  count_malformed();
+  pool_->put(p);
 }
 
 // A tagged message (msg or rts_msg, its arrived.from set) meets its receive, or waits in the
@@ -221,7 +236,11 @@ void DeviceImpl::on_heap_message(Packet* p, unsigned char* heap, std::size_t siz
   c.size = p->arrived.length - kHeader;
   c.context = nullptr;
   c.error = 0;
-  c.buffer = Buffer(p->data() + kHeader, c.size, &release_am_payload, pool_.get());
+  // Built in place: the slot's buffer is empty, so assigning a new one (a reset check, then a
+  // temporary's fields copied and cleared) would be wasted work.
+  if (__builtin_expect(static_cast<bool>(c.buffer), 0)) c.buffer.reset();
+  std::destroy_at(&c.buffer);
+  std::construct_at(&c.buffer, p->data() + kHeader, c.size, &release_am_payload, pool_.get());
   if (__builtin_expect(!c.parts.empty(), 0)) c.parts.clear();
   // A delivered payload keeps its packet until the application drops it. When the
   // application holds so many that the pool could not refill the posted receives, the
@@ -284,11 +303,9 @@ void DeviceImpl::on_packet(Packet* p) {
 // ---- progress ---------------------------------------------------------------------------------
 
 int DeviceImpl::top_up_spares() noexcept {
-  while (spare_count_ < spare_target_) {
-    Packet* p = pool_->get();
-    if (p == nullptr) break;  // the pool is dry: a lent message waits in its transport meanwhile
-    spare_[static_cast<std::size_t>(spare_count_++)] = p;
-  }
+  // Short only when the pool is dry: a lent message then waits in its transport meanwhile.
+  spare_count_ += static_cast<int>(pool_->get_many(spare_.data() + spare_count_,
+                                                   static_cast<std::size_t>(spare_target_ - spare_count_)));
   return spare_count_;
 }
 
@@ -464,8 +481,12 @@ void DeviceImpl::flush_staged_slow() noexcept {
   staged_count_ = 0;
   target->signal_batch(staged_.data(), n);
   // A payload a handler did not keep returns its packet now, not when the slot is next filled
-  // (that would be inside the next message's delivery, before its handler runs).
-  for (std::uint32_t i = 0; i < n; ++i) staged_[i].buffer.reset();
+  // (that would be inside the next message's delivery, before its handler runs). ferry's own
+  // queue moves every completion (one type check per batch saves a pass over the stage).
+  if (typeid(*target) == typeid(CompletionQueue)) return;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    if (staged_[i].buffer) staged_[i].buffer.reset();  // one a signal() did not take
+  }
 }
 
 }  // namespace ferry::detail

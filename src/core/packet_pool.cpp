@@ -12,9 +12,14 @@
 
 namespace ferry::detail {
 
-namespace {
+namespace packet_cache {
+constinit thread_local CacheTable* tls_table = nullptr;
+}
+using packet_cache::CacheTable;
+using packet_cache::kMaxPools;
+using packet_cache::tls_table;
 
-constexpr std::size_t kMaxPools = 256;
+namespace {
 
 // Which pool owns each cache slot now. Only touched when a pool is made or destroyed and when
 // a thread exits: never on the get/put path.
@@ -30,25 +35,6 @@ Registry& registry() {
   return r;
 }
 
-}  // namespace
-
-struct PacketPool::ThreadCache {
-  std::uint64_t generation = 0;
-  std::uint32_t count = 0;
-  Packet* items[kCacheSize];
-};
-
-namespace {
-
-// A thread's caches for every pool slot.
-struct CacheTable {
-  std::array<PacketPool::ThreadCache*, kMaxPools> slot{};
-};
-
-// The fast path reads this pointer only. A trivially destructible, constant-initialized
-// thread_local with the initial-exec model compiles to one %fs-relative load: no
-// __tls_get_addr call and no TLS init guard on every get/put.
-[[gnu::tls_model("initial-exec")]] thread_local CacheTable* tls_table = nullptr;
 
 // Made together with the table; at thread exit it returns the cached packets to their pools
 // (if those still exist) and frees the table. Touched only when a thread's table is created.
@@ -156,20 +142,7 @@ PacketPool::ThreadCache* PacketPool::cache_slow(ThreadCache*& c) noexcept {
   return c;
 }
 
-// get and put are split into a fast path that touches only this thread's warm cache, and a
-// slow path out of line: with both in one function every call saved and restored the five
-// registers the slow path needs (~20 of put's 35 instructions per packet, callgrind-am.sh).
-Packet* PacketPool::get() noexcept {
-  if (__builtin_expect(cached_, 1)) {
-    const CacheTable* table = tls_table;
-    if (__builtin_expect(table != nullptr, 1)) {
-      ThreadCache* c = table->slot[slot_];
-      if (__builtin_expect(c != nullptr && c->generation == generation_ && c->count > 0, 1)) return c->items[--c->count];
-    }
-  }
-  return get_slow();
-}
-
+// get and put's fast paths are inline in the header; these take every other case.
 Packet* PacketPool::get_slow() noexcept {
   if (cached_) {
     ThreadCache* c = cache();
@@ -208,20 +181,6 @@ std::uint32_t PacketPool::take_shared(Packet** out, std::uint32_t n) noexcept {
       return k;
     }
   }
-}
-
-void PacketPool::put(Packet* packet) noexcept {
-  if (__builtin_expect(cached_, 1)) {
-    const CacheTable* table = tls_table;
-    if (__builtin_expect(table != nullptr, 1)) {
-      ThreadCache* c = table->slot[slot_];
-      if (__builtin_expect(c != nullptr && c->generation == generation_ && c->count != cache_cap_, 1)) {
-        c->items[c->count++] = packet;
-        return;
-      }
-    }
-  }
-  put_slow(packet);
 }
 
 void PacketPool::put_slow(Packet* packet) noexcept {

@@ -147,18 +147,83 @@ static_assert(offsetof(Packet, recv) + kLargestPacketView <= sizeof(Packet));
 static_assert(sizeof(Packet) - (offsetof(Packet, recv) + kLargestPacketView) < cache_line,
               "the header is the fewest cache lines that hold its fields");
 
+// Each thread's packet caches (see the contract). Declared here so that get and put inline
+// their fast path into the receive loop; only packet_pool.cpp makes or frees them.
+namespace packet_cache {
+inline constexpr std::size_t kMaxPools = 256;  // devices alive in one process
+inline constexpr std::size_t kCacheSize = 64;
+struct ThreadCache {
+  std::uint64_t generation = 0;
+  std::uint32_t count = 0;
+  Packet* items[kCacheSize];
+};
+// A thread's caches for every pool slot.
+struct CacheTable {
+  ThreadCache* slot[kMaxPools] = {};
+};
+// The fast path reads this pointer only: constant-initialized, trivially destructible and
+// initial-exec, so each access is one %fs-relative load, with no __tls_get_addr call and no
+// TLS init guard (constinit tells other translation units there is no dynamic initializer).
+extern constinit thread_local CacheTable* tls_table __attribute__((tls_model("initial-exec")));
+}  // namespace packet_cache
+
 class PacketPool {
  public:
   static constexpr std::size_t kMinCachedPool = 512;
-  static constexpr std::size_t kCacheSize = 64;  // the largest cache_capacity()
+  static constexpr std::size_t kCacheSize = packet_cache::kCacheSize;  // the largest cache_capacity()
 
   PacketPool(std::size_t count, std::size_t payload_size);
   ~PacketPool();
   PacketPool(const PacketPool&) = delete;
   PacketPool& operator=(const PacketPool&) = delete;
 
-  Packet* get() noexcept;
-  void put(Packet* packet) noexcept;
+  // Inline: the common get or put is a few loads of this thread's warm cache. The slow paths
+  // stay out of line, so the fast path saves no registers for them.
+  Packet* get() noexcept {
+    if (__builtin_expect(cached_, 1)) {
+      const packet_cache::CacheTable* table = packet_cache::tls_table;
+      if (__builtin_expect(table != nullptr, 1)) {
+        ThreadCache* c = table->slot[slot_];
+        if (__builtin_expect(c != nullptr && c->generation == generation_ && c->count > 0, 1)) return c->items[--c->count];
+      }
+    }
+    return get_slow();
+  }
+  // Up to `n` packets into out[0..); returns how many (fewer only when the pool runs dry).
+  // The cache's checks are made once for the whole run.
+  std::size_t get_many(Packet** out, std::size_t n) noexcept {
+    std::size_t k = 0;
+    if (__builtin_expect(cached_, 1)) {
+      const packet_cache::CacheTable* table = packet_cache::tls_table;
+      if (__builtin_expect(table != nullptr, 1)) {
+        ThreadCache* c = table->slot[slot_];
+        if (__builtin_expect(c != nullptr && c->generation == generation_, 1)) {
+          k = std::min<std::size_t>(n, c->count);
+          c->count -= static_cast<std::uint32_t>(k);
+          for (std::size_t i = 0; i < k; ++i) out[i] = c->items[c->count + i];
+        }
+      }
+    }
+    for (; k < n; ++k) {
+      Packet* p = get_slow();
+      if (p == nullptr) break;
+      out[k] = p;
+    }
+    return k;
+  }
+  void put(Packet* packet) noexcept {
+    if (__builtin_expect(cached_, 1)) {
+      const packet_cache::CacheTable* table = packet_cache::tls_table;
+      if (__builtin_expect(table != nullptr, 1)) {
+        ThreadCache* c = table->slot[slot_];
+        if (__builtin_expect(c != nullptr && c->generation == generation_ && c->count != cache_cap_, 1)) {
+          c->items[c->count++] = packet;
+          return;
+        }
+      }
+    }
+    put_slow(packet);
+  }
   // Straight to the shared ring, bypassing this thread's cache.
   void put_shared(Packet* packet) noexcept;
 
@@ -174,7 +239,7 @@ class PacketPool {
   // Buffer::Release for packets handed to the caller.
   static void release_payload(void* pool, void* payload) noexcept;
 
-  struct ThreadCache;
+  using ThreadCache = packet_cache::ThreadCache;
 
  private:
   ThreadCache* cache() noexcept;

@@ -82,19 +82,27 @@ inline T decode(const void* at) noexcept {
 
 inline bool valid_kind(std::uint8_t k) noexcept { return k >= 1 && k <= 8; }
 
-// The fewest bytes a packet of kind `k` (valid_kind) holds: its header and fixed body. An
-// rts_iovec's variable part is checked where it is read (Rendezvous::start_recv).
+// The fewest bytes a packet of kind `k` holds: its header and fixed body; for a byte that
+// names no kind, more than any packet holds (packets hold at most 1 GiB, FERRY_PACKET_SIZE).
+// So `length >= min_length(k)` checks the kind and the length with one load and one compare.
+// An rts_iovec's variable part is checked where it is read (Rendezvous::start_recv).
 inline std::size_t min_length(std::uint8_t k) noexcept {
-  static constexpr std::uint8_t kMin[9] = {0,
-                                           16,       // am
-                                           16,       // msg
-                                           16 + 32,  // rts_am
-                                           16 + 32,  // rts_msg
-                                           16 + 32,  // rts_iovec
-                                           16 + 8,   // fin
-                                           16,       // barrier
-                                           16};      // frag (its FragBody is checked by Fragments)
-  return kMin[k];
+  struct Table {
+    std::uint32_t at[256];
+    constexpr Table() : at{} {
+      for (std::uint32_t& v : at) v = 0xffffffffu;
+      at[1] = 16;       // am
+      at[2] = 16;       // msg
+      at[3] = 16 + 32;  // rts_am
+      at[4] = 16 + 32;  // rts_msg
+      at[5] = 16 + 32;  // rts_iovec
+      at[6] = 16 + 8;   // fin
+      at[7] = 16;       // barrier
+      at[8] = 16;       // frag (its FragBody is checked by Fragments)
+    }
+  };
+  static constexpr Table kMin;
+  return kMin.at[k];
 }
 
 }  // namespace ferry::detail

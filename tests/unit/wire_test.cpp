@@ -56,6 +56,22 @@ TEST(Wire, ValidKind) {
   EXPECT_FALSE(valid_kind(0xFF));
 }
 
+// min_length is the receiver's one check of kind and length: every kind's header and fixed
+// body for the enumerators, and for any other byte more than the largest packet (1 GiB).
+TEST(Wire, MinLengthRejectsEveryOtherKind) {
+  EXPECT_EQ(min_length(static_cast<std::uint8_t>(MsgKind::am)), sizeof(WireHeader));
+  EXPECT_EQ(min_length(static_cast<std::uint8_t>(MsgKind::rts_am)), sizeof(WireHeader) + sizeof(RtsBody));
+  EXPECT_EQ(min_length(static_cast<std::uint8_t>(MsgKind::fin)), sizeof(WireHeader) + sizeof(FinBody));
+  for (int v = 0; v < 256; ++v) {
+    const auto k = static_cast<std::uint8_t>(v);
+    if (valid_kind(k)) {
+      EXPECT_GE(min_length(k), sizeof(WireHeader)) << v;
+    } else {
+      EXPECT_GT(min_length(k), std::size_t{1} << 30) << v;
+    }
+  }
+}
+
 TEST(Wire, HeaderRoundTrip) {
   WireHeader h{};
   h.kind = MsgKind::rts_iovec;

@@ -89,15 +89,20 @@ int ShmTransport::poll(Event* events, int max) {
     const std::uint32_t kind = c->kind;
     const std::uint32_t len = c->length;
     const std::int32_t src = c->rank;
-    const bool well_formed = len <= payload_max && src >= 0 && src < size;
+    const bool well_formed = len <= payload_max && static_cast<std::uint32_t>(src) < static_cast<std::uint32_t>(size);
     if (__builtin_expect(kind == static_cast<std::uint32_t>(CellKind::message) && well_formed, 1)) {
       // No room for it in this poll: it waits in its cell, and so does every cell behind it.
       if (lent >= lend_limit) break;
+      // Field by field: `ev = Event{}` first built the whole event on the stack and copied it.
       Event& ev = events[n++];
-      ev = Event{};
-      ev.rank = src;
+      ev.context = nullptr;
       ev.length = len;
+      ev.data = 0;
+      ev.rank = src;
+      ev.error = 0;
+      ev.remote_write = false;
       ev.lent = cell_payload(c);
+      ev.abandoned = false;
       if (lent++ == 0) lent_first_ = head;
       ++head;
       continue;  // the cell stays the caller's until the next poll
