@@ -35,7 +35,6 @@ Registry& registry() {
   return r;
 }
 
-
 // Made together with the table; at thread exit it returns the cached packets to their pools
 // (if those still exist) and frees the table. Touched only when a thread's table is created.
 struct TableOwner {

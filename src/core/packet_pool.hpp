@@ -180,29 +180,18 @@ class PacketPool {
   // Inline: the common get or put is a few loads of this thread's warm cache. The slow paths
   // stay out of line, so the fast path saves no registers for them.
   Packet* get() noexcept {
-    if (__builtin_expect(cached_, 1)) {
-      const packet_cache::CacheTable* table = packet_cache::tls_table;
-      if (__builtin_expect(table != nullptr, 1)) {
-        ThreadCache* c = table->slot[slot_];
-        if (__builtin_expect(c != nullptr && c->generation == generation_ && c->count > 0, 1)) return c->items[--c->count];
-      }
-    }
+    ThreadCache* c = warm_cache();
+    if (__builtin_expect(c != nullptr && c->count > 0, 1)) return c->items[--c->count];
     return get_slow();
   }
   // Up to `n` packets into out[0..); returns how many (fewer only when the pool runs dry).
   // The cache's checks are made once for the whole run.
   std::size_t get_many(Packet** out, std::size_t n) noexcept {
     std::size_t k = 0;
-    if (__builtin_expect(cached_, 1)) {
-      const packet_cache::CacheTable* table = packet_cache::tls_table;
-      if (__builtin_expect(table != nullptr, 1)) {
-        ThreadCache* c = table->slot[slot_];
-        if (__builtin_expect(c != nullptr && c->generation == generation_, 1)) {
-          k = std::min<std::size_t>(n, c->count);
-          c->count -= static_cast<std::uint32_t>(k);
-          for (std::size_t i = 0; i < k; ++i) out[i] = c->items[c->count + i];
-        }
-      }
+    if (ThreadCache* c = warm_cache(); __builtin_expect(c != nullptr, 1)) {
+      k = std::min<std::size_t>(n, c->count);
+      c->count -= static_cast<std::uint32_t>(k);
+      for (std::size_t i = 0; i < k; ++i) out[i] = c->items[c->count + i];
     }
     for (; k < n; ++k) {
       Packet* p = get_slow();
@@ -212,15 +201,10 @@ class PacketPool {
     return k;
   }
   void put(Packet* packet) noexcept {
-    if (__builtin_expect(cached_, 1)) {
-      const packet_cache::CacheTable* table = packet_cache::tls_table;
-      if (__builtin_expect(table != nullptr, 1)) {
-        ThreadCache* c = table->slot[slot_];
-        if (__builtin_expect(c != nullptr && c->generation == generation_ && c->count != cache_cap_, 1)) {
-          c->items[c->count++] = packet;
-          return;
-        }
-      }
+    ThreadCache* c = warm_cache();
+    if (__builtin_expect(c != nullptr && c->count != cache_cap_, 1)) {
+      c->items[c->count++] = packet;
+      return;
     }
     put_slow(packet);
   }
@@ -242,6 +226,15 @@ class PacketPool {
   using ThreadCache = packet_cache::ThreadCache;
 
  private:
+  // This thread's cache of this pool when it exists and is current, else null (the slow
+  // paths then make or renew it).
+  ThreadCache* warm_cache() const noexcept {
+    if (__builtin_expect(!cached_, 0)) return nullptr;
+    const packet_cache::CacheTable* table = packet_cache::tls_table;
+    if (__builtin_expect(table == nullptr, 0)) return nullptr;
+    ThreadCache* c = table->slot[slot_];
+    return c != nullptr && c->generation == generation_ ? c : nullptr;
+  }
   ThreadCache* cache() noexcept;
   // get and put when this thread's cache is empty, full, missing or stale.
   [[gnu::noinline]] Packet* get_slow() noexcept;
