@@ -1,7 +1,8 @@
 // device_receive.cpp — the receive path: progress and its polls, the inline sink, every
 // transport event's dispatch, arrived messages (staged active messages, matching, fragments'
 // wholes), receive buffers and spare packets. One translation unit so that the always_inline
-// steps (signal_inline, on_lent, on_recv, fill_am, on_am) stay inlined into their callers.
+// steps (signal_inline, on_lent, lent_packet, on_recv, fill_am, on_am) stay inlined into their
+// callers.
 #include "core/device.hpp"
 
 #include <cerrno>
@@ -45,15 +46,16 @@ void release_malloc(void*, void* data) noexcept { std::free(data); }
 // a time (a Handler) is signalled straight from here, without the stage; its packet, unless
 // the handler kept the payload, returns to the pool once the handler (and its answer) is done.
 // False, with nothing changed, for anything else: the general path then takes it (and drops a
-// malformed one with its warning).
+// malformed one with its warning). `lent`: p is a spare packet holding a lent message's copy,
+// not a posted receive.
 // Inlined into on_inline, its only caller: one call and frame less per message.
-[[gnu::always_inline]] inline bool DeviceImpl::signal_inline(Link& l, Packet* p, std::size_t length) {
+[[gnu::always_inline]] inline bool DeviceImpl::signal_inline(Link& l, Packet* p, std::size_t length, bool lent) {
   if (length < kHeader || length > p->capacity || p->data()[0] != static_cast<std::uint8_t>(MsgKind::am)) return false;
   const auto h = decode<WireHeader>(p->data());
   if (h.src < 0 || h.src >= size_ || route_[static_cast<std::size_t>(h.src)] != &l) return false;
   CompletionObject* const target = targets_.exposed_at_once(h.target);
   if (target == nullptr) return false;  // not exposed yet, or one that batches
-  --l.posted_recvs;
+  if (!lent) --l.posted_recvs;
   p->arrived.length = static_cast<std::uint32_t>(length);
   Completion& c = staged_[0];  // the stage is empty: its first slot is free
   fill_am(c, p, h);
@@ -80,10 +82,17 @@ void DeviceImpl::on_inline(void* device, void* link, const net::Event& e) noexce
       return;
     }
     if (e.lent != nullptr) {
-      d->on_lent(l, e.length, e.lent);
+      // Copied into a spare packet (the transport lends no more per poll than the device has
+      // spares), then the same fast path as a posted receive's packet.
+      std::size_t length = e.length;
+      const unsigned char* payload = nullptr;
+      Packet* p = d->lent_packet(l, length, e.lent, payload);
+      if (p == nullptr) return;
+      if (d->staged_count_ == 0 && d->signal_inline(l, p, length, true)) return;
+      d->on_recv(l, p, length, payload);
     } else {
       auto* p = reinterpret_cast<Packet*>(e.context);
-      if (d->staged_count_ == 0 && d->signal_inline(l, p, e.length)) return;
+      if (d->staged_count_ == 0 && d->signal_inline(l, p, e.length, false)) return;
       --l.posted_recvs;
       d->on_recv(l, p, e.length, p->data() + kFragmentHeader);
     }
@@ -132,13 +141,24 @@ void DeviceImpl::deliver_message(const RecvDescriptor& recv, Packet* message) {
 // packet first and checked there; only payload bytes are read from the loan. Inlined into
 // progress, where nearly every message of a lent transport comes.
 [[gnu::always_inline]] inline void DeviceImpl::on_lent(Link& l, std::size_t length, const unsigned char* lent) {
+  const unsigned char* payload = nullptr;
+  Packet* p = lent_packet(l, length, lent, payload);
+  if (p != nullptr) on_recv(l, p, length, payload);
+}
+
+// A spare packet holding a lent message's copy (a fragment's headers only: `payload` is then
+// its payload in the loan, else in the packet), `length` past the packet's capacity for one
+// too long (on_recv drops it, nothing copied). Null, the message dropped, when the transport
+// lent past set_lend_limit.
+[[gnu::always_inline]] inline Packet* DeviceImpl::lent_packet(Link& l, std::size_t& length, const unsigned char* lent,
+                                                              const unsigned char*& payload) {
   if (__builtin_expect(spare_count_ == 0, 0)) {  // a transport that lent past set_lend_limit
     FERRY_LOG_AT(error, rank_, index_, "%s lent a message of %zu bytes past its limit: dropped", l.caps->name.c_str(), length);
     count_malformed();
-    return;
+    return nullptr;
   }
   Packet* p = spare_[static_cast<std::size_t>(--spare_count_)];
-  const unsigned char* payload = p->data() + kFragmentHeader;
+  payload = p->data() + kFragmentHeader;
   if (length > p->capacity) {
     length = p->capacity + 1;  // dropped by on_recv, nothing copied
   } else if (length >= kFragmentHeader && lent[0] == static_cast<std::uint8_t>(MsgKind::frag)) {
@@ -150,7 +170,7 @@ void DeviceImpl::deliver_message(const RecvDescriptor& recv, Packet* message) {
   } else {
     copy_small(p->data(), lent, length);
   }
-  on_recv(l, p, length, payload);
+  return p;
 }
 
 // `payload`: where a fragment's payload bytes are (in the packet, or lent by the transport).
