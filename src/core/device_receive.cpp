@@ -469,9 +469,18 @@ bool DeviceImpl::progress() {
   // next idle poll, so a reply is not held up by buffer bookkeeping (in a ping-pong the refill
   // runs while the peer computes its answer); at or below half the target it refills at once,
   // so a flood that never lets the device idle cannot drain the posted receives.
+  bool lends = false;
   for (Link& l : links_) {
+    lends = lends || l.lends;
     if (!l.lends && l.posted_recvs < config_.prepost && (!any || l.posted_recvs <= config_.prepost / 2)) repost(l);
   }
+  // Spare packets are refilled here too, as posted receives are, not only before the next
+  // poll: the packets this poll's events returned (a send to this rank completes only once its
+  // loan ends, a poll after it was lent) then go to the spares before the caller's next post
+  // can take them. Left to the next poll, a thread that alternates posting and progress took
+  // each one back for a send to its own rank, which waits for a spare to be lent: with a tiny
+  // pool no spare was left and nothing moved again (mp_ucx_sm_backpressure).
+  if (lends && spare_count_ < spare_target_) (void)top_up_spares();
   return any;
 }
 
