@@ -159,6 +159,8 @@ class DeviceImpl : public DeviceContext {
   [[gnu::cold, gnu::noinline]] void drop_malformed(Packet* p, std::size_t length) noexcept;
   // A message lent by its transport (Event::lent): copied into a spare packet, then on_recv.
   void on_lent(Link& link, std::size_t length, const unsigned char* lent);
+  // on_lent's copy into a spare packet, before on_recv (on_inline's fast path comes between).
+  Packet* lent_packet(Link& link, std::size_t length, const unsigned char* lent, const unsigned char*& payload);
   // Refills spare_ from the pool (as far as it has packets); returns how many it holds.
   int top_up_spares() noexcept;
   // Transport::deliver_inline's sink: `device` is this, `link` one of links_.
@@ -166,7 +168,7 @@ class DeviceImpl : public DeviceContext {
   // Inside on_inline's handler of a second exception in one poll: logs it (only the first is rethrown).
   void log_dropped_inline_error() noexcept;
   // on_inline's fast path for an active message to a target that does not batch (a Handler).
-  bool signal_inline(Link& link, Packet* p, std::size_t length);
+  bool signal_inline(Link& link, Packet* p, std::size_t length, bool lent);
   // `recv`: what a receive wants, from post_recv directly or from its queued descriptor.
   void deliver_message(const RecvDescriptor& recv, Packet* message);
   // An eager message packet's payload (after its header, or its heap block) and its release.

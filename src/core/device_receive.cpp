@@ -1,7 +1,8 @@
 // device_receive.cpp — the receive path: progress and its polls, the inline sink, every
 // transport event's dispatch, arrived messages (staged active messages, matching, fragments'
 // wholes), receive buffers and spare packets. One translation unit so that the always_inline
-// steps (signal_inline, on_lent, on_recv, fill_am, on_am) stay inlined into their callers.
+// steps (signal_inline, on_lent, lent_packet, on_recv, fill_am, on_am) stay inlined into their
+// callers.
 #include "core/device.hpp"
 
 #include <cerrno>
@@ -47,15 +48,16 @@ void release_malloc(void*, void* data) noexcept { std::free(data); }
 // a time (a Handler) is signalled straight from here, without the stage; its packet, unless
 // the handler kept the payload, returns to the pool once the handler (and its answer) is done.
 // False, with nothing changed, for anything else: the general path then takes it (and drops a
-// malformed one with its warning).
+// malformed one with its warning). `lent`: p is a spare packet holding a lent message's copy,
+// not a posted receive.
 // Inlined into on_inline, its only caller: one call and frame less per message.
-[[gnu::always_inline]] inline bool DeviceImpl::signal_inline(Link& l, Packet* p, std::size_t length) {
+[[gnu::always_inline]] inline bool DeviceImpl::signal_inline(Link& l, Packet* p, std::size_t length, bool lent) {
   if (length < kHeader || length > p->capacity || p->data()[0] != static_cast<std::uint8_t>(MsgKind::am)) return false;
   const auto h = decode<WireHeader>(p->data());
   if (h.src < 0 || h.src >= size_ || route_[static_cast<std::size_t>(h.src)] != &l) return false;
   CompletionObject* const target = targets_.exposed_at_once(h.target);
   if (target == nullptr) return false;  // not exposed yet, or one that batches
-  --l.posted_recvs;
+  if (!lent) --l.posted_recvs;
   p->arrived.length = static_cast<std::uint32_t>(length);
   Completion& c = staged_[0];  // the stage is empty: its first slot is free
   fill_am(c, p, h);
@@ -82,10 +84,16 @@ void DeviceImpl::on_inline(void* device, void* link, const net::Event& e) noexce
       return;
     }
     if (e.lent != nullptr) {
-      d->on_lent(l, e.length, e.lent);
+      // Copied into a spare packet (the transport lends no more per poll than the device has
+      // spares), then the same fast path as a posted receive's packet.
+      const unsigned char* payload = nullptr;
+      Packet* p = d->lent_packet(l, e.length, e.lent, payload);
+      if (p == nullptr) return;
+      if (d->staged_count_ == 0 && d->signal_inline(l, p, e.length, true)) return;
+      d->on_recv<true>(l, p, e.length, payload);
     } else {
       auto* p = reinterpret_cast<Packet*>(e.context);
-      if (d->staged_count_ == 0 && d->signal_inline(l, p, e.length)) return;
+      if (d->staged_count_ == 0 && d->signal_inline(l, p, e.length, false)) return;
       --l.posted_recvs;
       d->on_recv(l, p, e.length, p->data() + kFragmentHeader);
     }
@@ -166,16 +174,27 @@ template <bool kFits>
 // packet first and checked there; only payload bytes are read from the loan. Inlined into
 // progress, where nearly every message of a lent transport comes.
 [[gnu::always_inline]] inline void DeviceImpl::on_lent(Link& l, std::size_t length, const unsigned char* lent) {
+  const unsigned char* payload = nullptr;
+  Packet* p = lent_packet(l, length, lent, payload);
+  if (p != nullptr) on_recv<true>(l, p, length, payload);
+}
+
+// A spare packet holding a lent message's copy (a fragment's headers only: `payload` is then
+// its payload in the loan, else in the packet), its length checked against the capacity. Null,
+// the message dropped and counted, when it is too long, when its kind changed while it was
+// read, or when the transport lent past set_lend_limit.
+[[gnu::always_inline]] inline Packet* DeviceImpl::lent_packet(Link& l, std::size_t length, const unsigned char* lent,
+                                                              const unsigned char*& payload) {
   if (__builtin_expect(spare_count_ == 0, 0)) {  // a transport that lent past set_lend_limit
     FERRY_LOG_AT(error, rank_, index_, "%s lent a message of %zu bytes past its limit: dropped", l.caps->name.c_str(), length);
     count_malformed();
-    return;
+    return nullptr;
   }
   Packet* p = spare_[static_cast<std::size_t>(--spare_count_)];
-  const unsigned char* payload = p->data() + kFragmentHeader;
+  payload = p->data() + kFragmentHeader;
   if (__builtin_expect(length > p->capacity, 0)) {
     drop_malformed(p, length);  // nothing copied
-    return;
+    return nullptr;
   }
   if (length >= kFragmentHeader && lent[0] == static_cast<std::uint8_t>(MsgKind::frag)) {
     // Only the headers: the payload goes from the loan to the message being gathered.
@@ -184,12 +203,12 @@ template <bool kFits>
     // The kind byte was read twice; if the sender changed it between, the packet is dropped.
     if (p->data()[0] != static_cast<std::uint8_t>(MsgKind::frag)) {
       drop_malformed(p, length);
-      return;
+      return nullptr;
     }
   } else {
     copy_small(p->data(), lent, length);
   }
-  on_recv<true>(l, p, length, payload);
+  return p;
 }
 
 void DeviceImpl::drop_malformed(Packet* p, std::size_t length) noexcept {
@@ -466,9 +485,18 @@ bool DeviceImpl::progress() {
   // next idle poll, so a reply is not held up by buffer bookkeeping (in a ping-pong the refill
   // runs while the peer computes its answer); at or below half the target it refills at once,
   // so a flood that never lets the device idle cannot drain the posted receives.
+  bool lends = false;
   for (Link& l : links_) {
+    lends = lends || l.lends;
     if (!l.lends && l.posted_recvs < config_.prepost && (!any || l.posted_recvs <= config_.prepost / 2)) repost(l);
   }
+  // Spare packets are refilled here too, as posted receives are, not only before the next
+  // poll: the packets this poll's events returned (a send to this rank completes only once its
+  // loan ends, a poll after it was lent) then go to the spares before the caller's next post
+  // can take them. Left to the next poll, a thread that alternates posting and progress took
+  // each one back for a send to its own rank, which waits for a spare to be lent: with a tiny
+  // pool no spare was left and nothing moved again (mp_ucx_sm_backpressure).
+  if (lends && spare_count_ < spare_target_) (void)top_up_spares();
   return any;
 }
 

@@ -1,5 +1,6 @@
 #include "core/heartbeats.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -39,7 +40,8 @@ bool decode_beat(const unsigned char* data, std::size_t length, int size, int so
 }
 
 HeartbeatChannel::HeartbeatChannel(std::unique_ptr<net::Transport> transport, int rank, int size)
-    : transport_(std::move(transport)), rank_(rank), size_(size) {
+    : transport_(std::move(transport)), rank_(rank), size_(size),
+      lends_(transport_->caps().receives == net::Receives::lent) {
   if (transport_->caps().inject_size < kBeatBytes) {
     throw Error("the keepalive's channel over " + transport_->caps().name + " cannot inject " +
                 std::to_string(kBeatBytes) + "-byte heartbeats (inject size " +
@@ -61,7 +63,10 @@ HeartbeatChannel::~HeartbeatChannel() {
 
 void HeartbeatChannel::connect(const std::vector<std::string>& addresses) {
   transport_->connect(addresses);
-  for (std::size_t i = 0; i < slot_count_; ++i) post(i);
+  // A transport that lends its messages takes no receives: each poll lends them instead.
+  if (!lends_) {
+    for (std::size_t i = 0; i < slot_count_; ++i) post(i);
+  }
   posted_ = true;
 }
 
@@ -93,6 +98,24 @@ void HeartbeatChannel::poll(std::vector<Arrived>& arrived) {
     unposted_.erase(unposted_.begin(), unposted_.begin() + static_cast<std::ptrdiff_t>(retry));
   }
   const bool named = transport_->caps().reports_source;
+  // One heartbeat's bytes: a receive's buffer, or a lent message's copy (its sender may still
+  // write where it lies, so it is checked only once copied).
+  const auto take = [&](const unsigned char* data, std::size_t length, int error, int source) {
+    Beat kind{};
+    int from = -1;
+    // Where the transport names senders, a sender it cannot name (-1) is not in the job.
+    if (error == 0 && length <= sizeof slots_[0].buffer && !(named && source < 0) &&
+        decode_beat(data, length, size_, source, kind, from) &&
+        from != rank_) {
+      arrived.push_back(Arrived{from, kind});
+    } else if (error == 0 || error == -EMSGSIZE) {
+      ++malformed_;
+      FERRY_LOG_AT(warn, rank_, -1, "keepalive channel: dropped a malformed heartbeat of %zu bytes (from rank %d)",
+                   length, source);
+    } else {
+      FERRY_LOG_AT(debug, rank_, -1, "keepalive channel: %s", net::error_text("recv", error).c_str());
+    }
+  };
   net::Event events[16];
   // A poll that returns nothing may have consumed an error entry (a failed inject to a peer
   // that is gone): only a few empty polls in a row end the round. At most a few rounds of
@@ -100,6 +123,7 @@ void HeartbeatChannel::poll(std::vector<Arrived>& arrived) {
   // from its checks.
   int empty = 0;
   for (std::size_t seen = 0; seen < 4 * slot_count_ && empty < 4;) {
+    if (lends_) transport_->set_lend_limit(16);  // each is copied out before the next poll
     const int n = transport_->poll(events, 16);
     if (n <= 0) {
       ++empty;
@@ -109,6 +133,12 @@ void HeartbeatChannel::poll(std::vector<Arrived>& arrived) {
     seen += static_cast<std::size_t>(n);
     for (int i = 0; i < n; ++i) {
       const net::Event& e = events[i];
+      if (e.lent != nullptr) {
+        unsigned char copy[sizeof slots_[0].buffer];
+        std::memcpy(copy, e.lent, std::min(e.length, sizeof copy));
+        take(copy, e.length, 0, e.rank);
+        continue;
+      }
       // Only receives carry a context here (heartbeats go by inject, which reports nothing).
       if (e.context == nullptr || e.remote_write) continue;
       const auto* base = reinterpret_cast<const unsigned char*>(slots_.get());
@@ -117,19 +147,7 @@ void HeartbeatChannel::poll(std::vector<Arrived>& arrived) {
       const std::size_t offset = static_cast<std::size_t>(ctx - base);
       if (offset % sizeof(Slot) != 0) continue;
       const std::size_t slot = offset / sizeof(Slot);
-      Beat kind{};
-      int from = -1;
-      // Where the transport names senders, a sender it cannot name (-1) is not in the job.
-      if (e.error == 0 && e.length <= sizeof slots_[slot].buffer && !(named && e.rank < 0) &&
-          decode_beat(slots_[slot].buffer, e.length, size_, e.rank, kind, from) && from != rank_) {
-        arrived.push_back(Arrived{from, kind});
-      } else if (e.error == 0 || e.error == -EMSGSIZE) {
-        ++malformed_;
-        FERRY_LOG_AT(warn, rank_, -1, "keepalive channel: dropped a malformed heartbeat of %zu bytes (from rank %d)",
-                     e.length, static_cast<int>(e.rank));
-      } else {
-        FERRY_LOG_AT(debug, rank_, -1, "keepalive channel: %s", net::error_text("recv", e.error).c_str());
-      }
+      take(slots_[slot].buffer, e.length, e.error, e.rank);
       (void)post(slot);
     }
   }

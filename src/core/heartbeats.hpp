@@ -53,7 +53,8 @@ class HeartbeatChannel {
   HeartbeatChannel& operator=(const HeartbeatChannel&) = delete;
 
   std::string address() const { return transport_->address(); }
-  // addresses[r]: rank r's channel address, "" for ranks not watched. Posts the receives.
+  // addresses[r]: rank r's channel address, "" for ranks not watched. Posts the receives
+  // (none where the transport lends its messages, Caps::receives).
   void connect(const std::vector<std::string>& addresses);
   void connected() { transport_->connected(); }
 
@@ -68,7 +69,7 @@ class HeartbeatChannel {
   };
   // Polls the channel: appends each heartbeat arrived to `arrived`, drops (and counts) each
   // malformed one, and reposts every receive used up (one the transport refuses for now is
-  // tried again at the next poll).
+  // tried again at the next poll); a lent heartbeat is copied out and checked there.
   void poll(std::vector<Arrived>& arrived);
   std::uint64_t malformed() const noexcept { return malformed_; }
 
@@ -89,6 +90,7 @@ class HeartbeatChannel {
   net::Registration* registration_ = nullptr;  // where the transport needs local registration
   std::uint64_t malformed_ = 0;
   bool posted_ = false;
+  bool lends_;  // the transport lends its messages: no receives posted
 };
 
 }  // namespace ferry::detail

@@ -1,7 +1,7 @@
 // transport.hpp — the contract between ferry's core and a network backend.
 //
 // A Transport is one device's connection to the peers one backend reaches: libfabric
-// (net/ofi/), ferry's own shared memory (net/shm/), and later others. The core owns the
+// (net/ofi/), ferry's own shared memory (net/shm/), UCX (net/ucx/), and later others. The core owns the
 // protocols (eager, fragments, rendezvous, RMA records) and speaks to a backend only through
 // this interface; no backend type or error code leaks into core/.
 //
@@ -10,9 +10,9 @@
 //    concurrently, unless the device's lock model serialises them; a backend adds no lock of
 //    its own where its structures are lock-free. post_recv, poll and cancel_all are called
 //    only by the thread that holds the device's poll lock, one at a time.
-//  - Receives take one of two shapes (Caps::receives). A `posted` backend (libfabric, UCX)
+//  - Receives take one of two shapes (Caps::receives). A `posted` backend (libfabric, self)
 //    fills buffers the core posted with post_recv, each producing its event. A `lent` backend
-//    (ferry's shm, self) takes no posted receives (post_recv returns -ENOSYS): each poll
+//    (ferry's shm, UCX) takes no posted receives (post_recv returns -ENOSYS): each poll
 //    returns arrived messages where they lie, as events with a null context and Event::lent
 //    set, at most lend_limit() of them (the core sets it before each poll to the packets it
 //    holds for them). A message waits in the backend until a poll has room for it; the
@@ -181,20 +181,22 @@ class Transport {
   // poll; a plain store, read by the poll on the same thread).
   void set_lend_limit(int n) noexcept { lend_limit_ = n; }
   int lend_limit() const noexcept { return lend_limit_; }
-  // Asks the transport to hand arrived messages to `sink` from inside its poll, as soon as it
-  // has filled the oldest posted receive, instead of returning them as events of the poll (the
-  // event is the same). Which ones is the transport's choice (UCX: those its data callback
-  // fills while every earlier receive has been handed over; messages to this rank and held
-  // ones still come as poll events), and the order among all of them stays the poll's. The
-  // sink runs on the poll lock holder with no lock of the transport's held, may post to this
-  // transport (a reply from an active-message handler), but must not poll it. Returns whether
-  // the transport does so from now on; the default does not.
+  // Asks the transport to hand arrived messages to `sink` from inside its poll, as soon as they
+  // arrive, instead of returning them as events of the poll (the event is the same: a lent
+  // one, readable until the sink returns, or a filled posted receive). Which ones is the
+  // transport's choice (UCX: those its data callback receives while it holds none back;
+  // messages to this rank and held ones still come as poll events), and the order among all
+  // of them stays the poll's; a lent backend's sink and poll events together stay within the
+  // poll's lend_limit(). The sink runs on the poll lock holder with no lock of the
+  // transport's held, may post to this transport (a reply from an active-message handler), but
+  // must not poll it. Returns whether the transport does so from now on; the default does not.
   virtual bool deliver_inline(const InlineSink& /*sink*/) { return false; }
   // Registers [buf, buf+len). Throws ferry::Error naming the range on failure. The result
   // stays valid until deregister.
   virtual Registration* register_memory(const void* buf, std::size_t len, Access access) = 0;
   virtual void deregister(Registration* r) noexcept { delete r; }
-  // Teardown: gives up every posted receive (their events need not be delivered).
+  // Teardown: gives up every posted receive (their events need not be delivered) and, on a
+  // lent backend, every message it holds or lent.
   virtual void cancel_all() noexcept = 0;
   // Teardown, after cancel_all: closes the endpoint, so no operation still queued in the
   // backend (a send to a failed peer) touches a registration or a buffer afterwards. Only

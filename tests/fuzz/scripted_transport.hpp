@@ -2,7 +2,8 @@
 // frames, for feeding a real device's receive path bytes no ferry peer would send.
 //
 // Every frame is delivered, in order, into the next posted receive as a message from rank 0
-// (truncated, with -EMSGSIZE, when longer than the receive, as a transport reports it). Sends
+// (truncated, with -EMSGSIZE, when longer than the receive, as a transport reports it), or,
+// set to lend (set_lends), lent whole, at most lend_limit() per poll, until the next poll. Sends
 // and RMA complete at the next poll without moving data. Notices given at construction (put
 // notifications: remote writes with data) are reported first (a get leaves its destination as it
 // was: the bytes a hostile peer would supply are irrelevant to the receiver's bookkeeping);
@@ -10,9 +11,11 @@
 #pragma once
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/op_context.hpp"
@@ -49,12 +52,16 @@ class ScriptedTransport final : public net::Transport {
   // The next `n` post_recv calls are refused with -EAGAIN (no resources now).
   void refuse_recvs(int n) noexcept { refuse_recvs_ = n; }
   std::size_t posted_recvs() const noexcept { return posted_.size(); }
+  // Receives::lent: no posted receives (post_recv is -ENOSYS); each poll lends frames.
+  void set_lends(bool on) noexcept { caps_.receives = on ? net::Receives::lent : net::Receives::posted; }
+  bool lends() const noexcept { return caps_.receives == net::Receives::lent; }
 
   std::string address() const override { return {}; }
   void connect(const std::vector<std::string>&) override {}
   int inject(int, const void*, std::size_t) override { return 0; }
   int send(int rank, const void*, std::size_t len, void*, net::OpContext* ctx) override { return complete(rank, len, ctx); }
   int post_recv(void* buf, std::size_t len, void*, net::OpContext* ctx) override {
+    if (lends()) return -ENOSYS;
     if (refuse_recvs_ > 0) {
       --refuse_recvs_;
       return -EAGAIN;
@@ -79,6 +86,16 @@ class ScriptedTransport final : public net::Transport {
     while (n < max && !done_.empty()) {
       events[n++] = done_.front();
       done_.pop_front();
+    }
+    lent_.clear();  // what the previous poll lent
+    while (lends() && n < max && !frames_.empty() && static_cast<int>(lent_.size()) < lend_limit()) {
+      lent_.push_back(std::move(frames_.front()));
+      frames_.pop_front();
+      net::Event& ev = events[n++];
+      ev = net::Event{};
+      ev.rank = source_;
+      ev.length = lent_.back().size();
+      ev.lent = lent_.back().data();
     }
     while (n < max && !frames_.empty() && !posted_.empty()) {
       const std::vector<unsigned char>& f = frames_.front();
@@ -121,6 +138,7 @@ class ScriptedTransport final : public net::Transport {
 
   std::deque<std::vector<unsigned char>> frames_;
   std::deque<Posted> posted_;
+  std::deque<std::vector<unsigned char>> lent_;  // frames the last poll lent
   std::deque<net::Event> done_;
   int source_ = 0;
   int refuse_recvs_ = 0;

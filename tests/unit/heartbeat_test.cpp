@@ -157,6 +157,32 @@ TEST(HeartbeatChannel, AReceiveTheTransportRefusesIsPostedAgainLater) {
   EXPECT_GE(transport.posted_recvs(), 32u);
 }
 
+// A transport that lends its messages (UCX) takes no receives: the channel posts none, and
+// checks each lent heartbeat as it checks a received one.
+TEST(HeartbeatChannel, OverALendingTransportTakesLentBeatsAndPostsNothing) {
+  std::vector<std::vector<unsigned char>> frames;
+  for (int i = 0; i < 40; ++i) frames.push_back(frame_of(Beat::alive, 2));  // more than a poll lends
+  frames.push_back(std::vector<unsigned char>(200, 0));  // too long for a heartbeat
+  frames.push_back(std::vector<unsigned char>(3, 0));    // too short
+  frames.push_back(frame_of(Beat::departing, 2));
+  auto owned = std::make_unique<ScriptedTransport>(std::move(frames));
+  ScriptedTransport& transport = *owned;
+  transport.set_lends(true);
+  transport.set_source(2);
+  HeartbeatChannel channel(std::move(owned), 0, 4);
+  channel.connect({"", "", "", ""});
+  EXPECT_EQ(transport.posted_recvs(), 0u);
+  std::vector<HeartbeatChannel::Arrived> arrived;
+  for (int i = 0; i < 10 && !transport.done(); ++i) channel.poll(arrived);
+  ASSERT_TRUE(transport.done()) << "every frame was lent";
+  ASSERT_EQ(arrived.size(), 41u);
+  for (std::size_t i = 0; i < 40; ++i) EXPECT_EQ(arrived[i].kind, Beat::alive);
+  EXPECT_EQ(arrived.back().kind, Beat::departing);
+  for (const auto& a : arrived) EXPECT_EQ(a.rank, 2);
+  EXPECT_EQ(channel.malformed(), 2u);
+  EXPECT_EQ(transport.posted_recvs(), 0u);
+}
+
 TEST(HeartbeatChannel, ATransportThatCannotInjectAHeartbeatIsRefusedByName) {
   auto owned = std::make_unique<ScriptedTransport>(std::vector<std::vector<unsigned char>>{});
   owned->set_inject_size(kBeatBytes - 1);

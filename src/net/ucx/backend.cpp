@@ -15,8 +15,8 @@ class UcxBackend final : public Backend {
       : context_(open_context()), copy_(static_cast<ShmCopy>(p.option("shm_copy").index)) {}
   std::unique_ptr<Transport> make_transport(const net::TransportParams& p) override {
     // The keepalive's endpoint: its own thread calls it (not serialized), heartbeats only.
-    if (p.heartbeat) return ucx::make_transport(*context_, ucx::TransportParams{p.rank, false, p.away, 1024, ShmCopy::copy});
-    return ucx::make_transport(*context_, ucx::TransportParams{p.rank, p.serialized, p.away, p.packets, copy_});
+    if (p.heartbeat) return ucx::make_transport(*context_, ucx::TransportParams{p.rank, false, p.away, 1024, ShmCopy::copy, 0});
+    return ucx::make_transport(*context_, ucx::TransportParams{p.rank, p.serialized, p.away, p.packets, copy_, p.packet_size});
   }
   std::string provider() const override { return "ucx"; }
 

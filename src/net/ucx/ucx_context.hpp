@@ -37,6 +37,9 @@ struct TransportParams {
   // RMA to peers on this host whose endpoint has no RMA lane: by cross-memory attach (one copy,
   // at post time, probed per peer at connect) unless `copy`; else over active messages.
   ShmCopy copy = ShmCopy::automatic;
+  // The device's packet payload, the largest message a ferry peer sends it: the size of the
+  // slots that hold copies of arrived messages (at least the inject size).
+  std::size_t packet_size = 0;
 };
 std::unique_ptr<Transport> make_transport(Context& context, const TransportParams& params);
 

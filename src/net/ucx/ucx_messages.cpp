@@ -1,8 +1,9 @@
 // ucx_messages.cpp — the UCX transport's message path: inject and send as eager active
-// messages (an inject that cannot go inline from the bounce pool), posted receives and the
-// data callback that fills them, messages to this rank through the loopback ring, and poll,
-// which drives the worker and hands out events. Kept in one file so the per-message path
-// compiles as one unit with the inline helpers of ucx_transport.hpp.
+// messages (an inject that cannot go inline from the bounce pool), the data callback that
+// lends each arrived message to the core's sink or holds it, messages to this rank through the
+// loopback ring, and poll, which drives the worker, lends what waits and hands out events.
+// Kept in one file so the per-message path compiles as one unit with the inline helpers of
+// ucx_transport.hpp.
 #include "net/ucx/ucx_transport.hpp"
 
 namespace ferry::net::ucx {
@@ -43,33 +44,6 @@ int UcxTransport::send(int rank, const void* buf, std::size_t len, void*, OpCont
   return posted(ctx, rank, ucp_am_send_nbx(ep, kAmData, nullptr, 0, buf, len, &p));
 }
 
-// The oldest held message, if any, fills the receive at once; otherwise it waits for the
-// data callback (on_data).
-int UcxTransport::post_recv(void* buf, std::size_t len, void*, OpContext* ctx) {
-  OpState& st = state(ctx);
-  st.transport = this;
-  st.rank = -1;
-  st.kind = op_recv;
-  st.next = nullptr;
-  st.buffer = buf;
-  st.data = len;
-  st.length = 0;
-  st.error = 0;
-  done_flag(st).store(0, std::memory_order_relaxed);  // read by the poll, on this thread
-  if (__builtin_expect(!held_.empty(), 0)) {
-    const Held taken = held_.front();
-    held_.pop_front();
-    fill(ctx, taken.data, taken.length);
-    const detail::BiasedGuard guard(lock_);
-    release(taken);
-  } else if (fill_ == nullptr) {
-    fill_ = ctx;
-  }
-  if (recv_tail_ != nullptr) state(recv_tail_).next = ctx; else recv_head_ = ctx;
-  recv_tail_ = ctx;
-  return 0;
-}
-
 bool UcxTransport::deliver_inline(const InlineSink& sink) {
   if (lock_ != nullptr) return false;  // lockless: see the header comment
   sink_ = sink;
@@ -77,32 +51,40 @@ bool UcxTransport::deliver_inline(const InlineSink& sink) {
 }
 
 int UcxTransport::poll(Event* events, int max) {
+  lend_left_ = lend_limit();
   if (__builtin_expect(rma_.busy(), 0)) {
+    {
+      const detail::BiasedGuard guard(lock_);
+      release_lent();  // before any return: the previous poll's loans end with this poll
+    }
     const int n = rma_.abandon(events, max);
     if (n > 0) return n;
   }
   {
     const detail::BiasedGuard guard(lock_);
+    release_lent();  // before the callback runs: it lends only while nothing is held
     UcxTransport* const outer = progressing_;
-    progressing_ = this;  // the data callback hands messages over only inside this call
+    progressing_ = this;  // the data callback lends to the sink only inside this call
     ucp_worker_progress(worker_);
     progressing_ = outer;
     if (__builtin_expect(!replies_.empty(), 0)) send_replies();
     if (__builtin_expect(answers_waiting_.load(std::memory_order_acquire), 0)) send_answers();
   }
   if (__builtin_expect(!pushes_.empty(), 0)) serve_pushes();
-  if (fill_ != nullptr) drain_loopback();  // an empty ring: two loads of lines only pushes write
   int n = 0;
-  // Receives in posting order, which is the order the data callback filled them (arrival
-  // order, the order sent per sender); a done receive behind one not done waits for it.
-  while (n < max && recv_head_ != nullptr && done_flag(state(recv_head_)).load(std::memory_order_acquire) != 0) {
-    OpContext* c = recv_head_;
-    const OpState& st = state(c);
-    recv_head_ = st.next;
-    if (recv_head_ == nullptr) recv_tail_ = nullptr;
-    Event& e = events[n++];
-    e = completed(c, st.rank, st.error);
-    e.length = st.length;
+  // Held messages oldest first (arrival order, the order sent per sender), then messages to
+  // this rank, within what is left of the lend budget; the rest wait for a later poll.
+  while (n < max && lend_left_ > 0 && held_lent_ < held_.size()) {
+    const Held& h = held_[held_lent_++];
+    events[n++] = lent_event(h.data, h.length, -1);
+    --lend_left_;
+  }
+  Loop m;
+  // An empty ring: two loads of lines only pushes write.
+  while (n < max && lend_left_ > 0 && loop_lent_.size() < loop_lent_.capacity() && loopback_.try_pop(m)) {
+    loop_lent_.push_back(m);  // within the reserved room: no allocation
+    events[n++] = lent_event(m.data, m.length, rank_);
+    --lend_left_;
   }
   while (n < max && events_.try_pop(events[n])) {
     if (settled(events[n])) ++n;
@@ -126,11 +108,13 @@ void UcxTransport::cancel_all() noexcept {
 }
 
 void UcxTransport::cancel_all_held() noexcept {
-  // Messages that arrive from now on are dropped: the posted buffers are about to go.
+  // Messages that arrive from now on are dropped: the core takes no more.
   receiving_ = false;
-  fill_ = recv_head_ = recv_tail_ = nullptr;
-  for (const Held& h : held_) release(h);
-  held_.clear();
+  release_lent();
+  while (!held_.empty()) {
+    release(held_.front());
+    held_.pop_front();
+  }
 }
 
 void UcxTransport::on_sent(void* request, ucs_status_t status, void* user) {
@@ -143,8 +127,8 @@ void UcxTransport::on_sent(void* request, ucs_status_t status, void* user) {
   ucp_request_free(request);
 }
 
-// A ferry message, whole (its sender sends eagerly): into the oldest posted receive, or held
-// until one is posted.
+// A ferry message, whole (its sender sends eagerly): lent to the core's sink at once, or held
+// until a poll lends it.
 ucs_status_t UcxTransport::on_data(void* arg, const void*, std::size_t header_length, void* data, std::size_t length,
                                    const ucp_am_recv_param_t* param) {
   auto* t = static_cast<UcxTransport*>(arg);
@@ -157,35 +141,21 @@ ucs_status_t UcxTransport::on_data(void* arg, const void*, std::size_t header_le
     }
     return UCS_OK;  // a rendezvous one is declined by returning (UCX answers its sender)
   }
-  if (__builtin_expect(t->fill_ != nullptr, 1)) {
-    OpContext* c = t->fill_;
-    t->fill_ = state(c).next;  // before fill(): once done, the poll may hand c back to the core
-    t->fill(c, data, length);
-    // Inside poll, with every earlier receive already handed over (the order stays the
-    // poll's): to the core at once (deliver_inline), not at the end of the poll.
-    if (t->sink_.deliver != nullptr && progressing_ == t && t->recv_head_ == c) {
-      const OpState& st = state(c);
-      t->recv_head_ = st.next;
-      if (t->recv_head_ == nullptr) t->recv_tail_ = nullptr;
-      Event e = completed(c, st.rank, st.error);
-      e.length = st.length;
-      t->sink_.deliver(t->sink_.owner, t->sink_.link, e);
-    }
+  if (__builtin_expect(!t->receiving_, 0)) return UCS_OK;  // after cancel_all: dropped
+  // Inside poll, with nothing held (a held message is older: the order stays the poll's) and
+  // the budget not used up (the core has a spare packet for it): lent to the core where UCX
+  // has it, readable until the sink returns, and nothing copied here.
+  if (__builtin_expect(t->sink_.deliver != nullptr && progressing_ == t && t->held_.empty() && t->lend_left_ > 0, 1)) {
+    --t->lend_left_;
+    t->sink_.deliver(t->sink_.owner, t->sink_.link, lent_event(data, length, -1));
     return UCS_OK;
   }
-  if (!t->receiving_) return UCS_OK;  // torn down: dropped
-  // No receive posted: held, as UCX's own descriptor where UCX allows it, else as a copy.
+  // Held, as UCX's own descriptor where UCX allows it, else as a copy.
   const bool keep = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0;
-  unsigned char* copy = nullptr;
-  try {
-    if (!keep) {
-      copy = new unsigned char[std::max<std::size_t>(length, 1)];
-      if (length != 0) std::memcpy(copy, data, length);
-    }
-    t->held_.push_back(Held{keep ? data : copy, length, !keep});
-  } catch (...) {
-    delete[] copy;
-    FERRY_LOG(error, "ucx: a message of %zu bytes was lost (out of memory while no receive was posted)", length);
+  const Held h = keep ? Held{data, length, Held::descriptor} : t->copy_of(data, length);
+  if (__builtin_expect(h.data == nullptr || !t->held_.push_back(h), 0)) {
+    if (!keep && h.data != nullptr) t->release(h);
+    FERRY_LOG(error, "ucx: a message of %zu bytes was lost (out of memory while holding it)", length);
     return UCS_OK;
   }
   return keep ? UCS_INPROGRESS : UCS_OK;

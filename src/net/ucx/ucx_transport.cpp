@@ -12,7 +12,10 @@ namespace ferry::net::ucx {
 
 UcxTransport::UcxTransport(Context& context, const TransportParams& p)
     : context_(context.get()), rank_(p.rank), multi_(!p.serialized), lock_(multi_ ? &worker_lock_ : nullptr), away_(p.away), copy_(p.copy), events_(kEventRing), bounce_slots_(std::clamp<std::size_t>(p.bounce_slots, 1, kMaxBounceSlots)),
-      free_bounce_(bounce_slots_), bounce_(new unsigned char[bounce_slots_ * kBounceSlot]) {
+      free_bounce_(bounce_slots_), bounce_(new unsigned char[bounce_slots_ * kBounceSlot]),
+      copy_slot_size_(std::max(p.packet_size, kInjectSize)) {
+  copy_free_.reserve(kCopyKeep);
+  loop_lent_.reserve(kLoopback);
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // under lockless, worker_lock_ serialises
@@ -45,6 +48,7 @@ UcxTransport::UcxTransport(Context& context, const TransportParams& p)
   caps_.remote_data_consumes_recv = false;
   caps_.reports_source = false;  // the data callback does not learn the sender (no UCP header)
   caps_.pushed_get = true;       // to peers reached by cross-memory attach (get_pushed)
+  caps_.receives = Receives::lent;  // where UCX (or the held copy, or the sender's buffer) has it
 }
 
 std::string UcxTransport::address() const {

@@ -9,16 +9,19 @@
 //
 // Mapping
 //  - Messages are UCP active messages of one id (kAmData), without a UCP header, sent eagerly
-//    (UCP_AM_SEND_FLAG_EAGER): the receive callback copies each into the oldest posted buffer,
-//    in arrival order, which is the order sent per sender. With no buffer posted the message
-//    is held (UCX's descriptor where UCX lets it be kept, else a copy) until one is. ferry's
-//    wire header names the sender, so receive events do not (caps().reports_source is false).
-//    ferry's own protocols (eager, fragments, rendezvous) run on top, as over libfabric.
-//  - Messages to this rank go around UCX, through a ring the poll drains into posted receives
-//    (an inject's bytes in a bounce slot, a send's in its own buffer, completed on receipt):
-//    UCX's `self` transport would run the receive callback inside the sender's call, on any
-//    thread, so the posted receives would need a lock; this way only the poll lock holder
-//    touches them.
+//    (UCP_AM_SEND_FLAG_EAGER). The transport lends them (Caps::receives = lent): the core posts
+//    no receives, and each message is handed over where it lies, UCX's own buffer inside the
+//    data callback or, once the callback has returned, what the transport held it in (UCX's
+//    descriptor where UCX lets it be kept, else a copy in a slot of the transport's), at most
+//    lend_limit() per poll, in arrival order, which is the order sent per sender. A held
+//    message lent by a poll is released by the next one. ferry's wire header names the
+//    sender, so receive events do not (caps().reports_source is false). ferry's own protocols
+//    (eager, fragments, rendezvous) run on top, as over libfabric.
+//  - Messages to this rank go around UCX, through a ring the poll lends from (an inject's
+//    bytes in a bounce slot, a send's in its own buffer; the slot returns, and the send
+//    completes, when the next poll releases the loan): UCX's `self` transport would run the
+//    receive callback inside the sender's call, on any thread, so the held messages and the
+//    lend budget would need a lock; this way only the poll lock holder touches them.
 //  - inject tries UCP's inline path (UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL: done in the call, or
 //    UCS_ERR_NO_RESOURCE); where that is not possible it copies into a bounce buffer of a fixed
 //    pool that the send's callback returns. An empty pool is -EAGAIN.
@@ -38,12 +41,14 @@
 //    that UCX completes at once reports from the posting thread. Both push onto one
 //    multi-producer ring the poll drains (overflow, never expected: a spin-locked vector).
 //    Where the worker has no lock of ferry's (every lock model but lockless), the data
-//    callback hands a filled receive to the core at once (deliver_inline), so an
-//    active-message handler runs, and its reply leaves, inside UCX's callback, before UCX
-//    finishes its progress call (a filled receive behind one not yet handed over waits for the
-//    poll instead, keeping the order). Under lockless it does not: the handler would run with
-//    the worker lock held, and one that waits for a lock of the application's (or posts to
-//    another device) while another thread holding that lock posts here would deadlock.
+//    callback inside poll lends a message to the core at once (deliver_inline: UCX's buffer,
+//    no copy, readable until the sink returns), so an active-message handler runs, and its
+//    reply leaves, inside UCX's callback, before UCX finishes its progress call. It does so
+//    only while nothing is held (a message behind a held one waits for the poll, keeping the
+//    order) and the poll's lend budget lasts (the core has a spare packet for each). Under
+//    lockless it does not: the handler would run with the worker lock held, and one that
+//    waits for a lock of the application's (or posts to another device) while another thread
+//    holding that lock posts here would deadlock.
 //  - Thread mode: UCS_THREAD_MODE_SERIALIZED. Under the lockless model, whose posts run
 //    beside the poll, ferry's own biased lock guards every call into the worker (the thread
 //    that drives the device alone takes it without an atomic; common/biased_lock.hpp); under the
@@ -66,9 +71,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -127,35 +132,69 @@ struct OpState {
   UcxTransport* transport;  // for the callbacks, whose user data is the context
   std::int32_t rank;
   std::int32_t kind;  // OpKindUcx
-  std::uint64_t data;    // put_data: the notification's data; a receive: its buffer's capacity
-  std::uint64_t length;  // put_data: bytes written; a receive: bytes received, once done
-  void* buffer;          // a receive's buffer
-  OpContext* next;  // posted receives, in posting order (the poll lock holder's)
-  std::int32_t error;       // a receive's outcome, once done
-  // A receive's completion flag, through done_flag(). Written and read by the poll lock
-  // holder only (the data callback runs inside its poll; messages to this rank go around UCX),
-  // so the release/acquire pair (length and error, then done) orders nothing across threads;
-  // on x86 it compiles to the plain store and load a relaxed pair would.
-  std::int32_t done;
+  std::uint64_t data;    // put_data: the notification's data
+  std::uint64_t length;  // put_data: bytes written
 };
 static_assert(sizeof(OpState) <= OpContext::kBackendBytes);
-enum OpKindUcx : std::int32_t { op_send = 0, op_recv = 1, op_put = 2, op_put_data = 3, op_get = 4 };
+enum OpKindUcx : std::int32_t { op_send = 0, op_put = 2, op_put_data = 3, op_get = 4 };
 
-// A message that arrived while no receive was posted: UCX's descriptor (released with
-// ucp_am_data_release) or ferry's copy.
+// A message kept past the data callback (held): UCX's descriptor (released with
+// ucp_am_data_release), or ferry's copy in a slot of the transport's copy pool or, past a
+// slot's size, on the heap.
 struct Held {
   void* data;
   std::size_t length;
-  bool copy;
+  enum How : std::uint8_t { descriptor, slot, heap } how;
+};
+
+// The held messages, oldest first: a ring that grows (doubling) only when full, so holding a
+// message allocates nothing in the steady state. The poll lock holder's alone.
+class HeldQueue {
+ public:
+  explicit HeldQueue(std::size_t capacity) : ring_(new Held[capacity]), mask_(capacity - 1) {}
+  bool empty() const noexcept { return count_ == 0; }
+  std::size_t size() const noexcept { return count_; }
+  // The i-th oldest.
+  const Held& operator[](std::size_t i) const noexcept { return ring_[(head_ + i) & mask_]; }
+  const Held& front() const noexcept { return ring_[head_]; }
+  void pop_front() noexcept {
+    head_ = (head_ + 1) & mask_;
+    --count_;
+  }
+  // False when the ring was full and could not grow (out of memory).
+  bool push_back(const Held& h) noexcept {
+    if (__builtin_expect(count_ == mask_ + 1, 0) && !grow()) return false;
+    ring_[(head_ + count_) & mask_] = h;
+    ++count_;
+    return true;
+  }
+
+ private:
+  bool grow() noexcept {
+    const std::size_t capacity = 2 * (mask_ + 1);
+    Held* bigger = new (std::nothrow) Held[capacity];
+    if (bigger == nullptr) return false;
+    for (std::size_t i = 0; i < count_; ++i) bigger[i] = (*this)[i];
+    ring_.reset(bigger);
+    mask_ = capacity - 1;
+    head_ = 0;
+    return true;
+  }
+  std::unique_ptr<Held[]> ring_;
+  std::size_t mask_;
+  std::size_t head_ = 0;
+  std::size_t count_ = 0;
 };
 
 inline OpState& state(OpContext* c) noexcept { return *reinterpret_cast<OpState*>(c->backend); }
-inline std::atomic_ref<std::int32_t> done_flag(OpState& st) noexcept { return std::atomic_ref<std::int32_t>(st.done); }
 
 class UcxTransport final : public Transport {
  public:
   UcxTransport(Context& context, const TransportParams& p);
-  ~UcxTransport() override { close(); }
+  ~UcxTransport() override {
+    close();
+    for (unsigned char* slot : copy_free_) delete[] slot;
+  }
 
   // ---- setup (ucx_transport.cpp) ----
   std::string address() const override;
@@ -164,7 +203,7 @@ class UcxTransport final : public Transport {
   // ---- messages (ucx_messages.cpp) ----
   int inject(int rank, const void* buf, std::size_t len) override;
   int send(int rank, const void* buf, std::size_t len, void*, OpContext* ctx) override;
-  int post_recv(void* buf, std::size_t len, void*, OpContext* ctx) override;
+  int post_recv(void*, std::size_t, void*, OpContext*) override { return -ENOSYS; }  // lent (Caps)
 
   // ---- RMA (ucx_rma.cpp) ----
   int put(int rank, const void* buf, std::size_t len, void*, std::uint64_t addr, std::uint64_t key,
@@ -203,8 +242,6 @@ class UcxTransport final : public Transport {
   // operation was reported abandoned already (the event is dropped).
   bool settled(const Event& e) noexcept {
     if (e.remote_write || e.context == nullptr) return true;
-    const std::int32_t kind = state(e.context).kind;
-    if (kind == op_recv) return true;
     return !rma_.settle(e.context);
   }
 
@@ -324,30 +361,67 @@ class UcxTransport final : public Transport {
     start_local(ctx, rank_, op_send);
     return loopback_.try_push(Loop{buf, len, ctx, nullptr}) ? 0 : -EAGAIN;
   }
-  // The poll lock holder, while receives are posted: each message fills the oldest. Inlined
-  // into poll, its one caller, which runs it on every call with receives posted.
-  [[gnu::always_inline]] void drain_loopback() noexcept {
-    Loop m;
-    while (fill_ != nullptr && loopback_.try_pop(m)) {
-      OpContext* c = fill_;
-      fill_ = state(c).next;
-      fill(c, m.data, m.length);
-      if (m.slot != nullptr) free_bounce_.try_push(m.slot);
-      if (m.send != nullptr) push(completed(m.send, rank_, 0));
-    }
+  // A lent message's event: `length` bytes at `data`, from `rank` (-1: not known).
+  static Event lent_event(const void* data, std::size_t length, int rank) noexcept {
+    Event e = completed(nullptr, rank, 0);
+    e.length = length;
+    e.lent = static_cast<const unsigned char*>(data);
+    return e;
   }
 
-  // The poll lock holder: `length` bytes into receive c, which is done after it.
-  void fill(OpContext* c, const void* data, std::size_t length) noexcept {
-    OpState& st = state(c);
-    const std::size_t n = std::min<std::size_t>(length, st.data);
-    detail::copy_small(st.buffer, data, n);  // a small message's few words inline, no call into libc
-    st.length = n;
-    st.error = length > st.data ? -EMSGSIZE : 0;
-    done_flag(st).store(1, std::memory_order_release);
+  // The poll lock holder: what the previous poll lent is given back, the held messages with
+  // worker_lock_ held (or not needed), messages to this rank with no lock (their bounce slot
+  // returns, their send completes).
+  void release_lent() noexcept {
+    for (; held_lent_ != 0; --held_lent_) {
+      release(held_.front());
+      held_.pop_front();
+    }
+    if (__builtin_expect(!loop_lent_.empty(), 0)) {
+      for (const Loop& m : loop_lent_) {
+        if (m.slot != nullptr) free_bounce_.try_push(m.slot);
+        if (m.send != nullptr) push(completed(m.send, rank_, 0));
+      }
+      loop_lent_.clear();
+    }
   }
+  // A copy of a message UCX does not let the transport keep: in a slot of the copy pool where
+  // it fits (allocated only while the pool has none free), else on the heap. Null when memory
+  // is short.
+  Held copy_of(const void* data, std::size_t length) noexcept {
+    Held h{nullptr, length, Held::heap};
+    if (length <= copy_slot_size_) {
+      h.how = Held::slot;
+      if (!copy_free_.empty()) {
+        h.data = copy_free_.back();
+        copy_free_.pop_back();
+      } else {
+        h.data = new (std::nothrow) unsigned char[copy_slot_size_];
+      }
+    } else {
+      h.data = new (std::nothrow) unsigned char[length];
+    }
+    if (h.data != nullptr && length != 0) std::memcpy(h.data, data, length);
+    return h;
+  }
+  // A held message given back: UCX's descriptor with worker_lock_ held (or not needed).
   void release(const Held& h) noexcept {
-    if (h.copy) delete[] static_cast<unsigned char*>(h.data); else ucp_am_data_release(worker_, h.data);
+    auto* bytes = static_cast<unsigned char*>(h.data);
+    switch (h.how) {
+      case Held::descriptor:
+        ucp_am_data_release(worker_, h.data);
+        return;
+      case Held::slot:
+        // The pool keeps at most kCopyKeep slots (its vector's reserved room: no allocation).
+        if (copy_free_.size() < kCopyKeep) {
+          copy_free_.push_back(bytes);
+          return;
+        }
+        break;
+      case Held::heap:
+        break;
+    }
+    delete[] bytes;
   }
 
   static void on_bounce_sent(void* request, ucs_status_t, void* user);
@@ -451,26 +525,33 @@ class UcxTransport final : public Transport {
   std::size_t bounce_slots_;
   detail::MpmcRing<unsigned char*> free_bounce_;
   std::unique_ptr<unsigned char[]> bounce_;
-  // Posted receives in posting order, and held_, the messages waiting for one: the poll lock
-  // holder's alone, with no lock. It posts them (post_recv: the core reposts from its progress),
-  // takes done ones from the head (poll), and the data callback, which UCX runs inside that
-  // poll's ucp_worker_progress, fills fill_, the oldest not yet done, and moves it on (and,
-  // delivering inline, takes it off the head itself when it is the head). No other
-  // thread runs the callback: messages to this rank never go through UCX (whose `self`
-  // transport would run it inside the sender's call) but through loopback_.
-  OpContext* recv_head_ = nullptr;
-  OpContext* recv_tail_ = nullptr;
-  OpContext* fill_ = nullptr;
-  std::deque<Held> held_;
-  // Messages to this rank, from any thread, in the order sent; the poll moves them into posted
-  // receives (while none is posted they wait here, and a full ring is -EAGAIN to the sender).
+  // What the core has not yet been lent (held_ past its first held_lent_, and loopback_) and
+  // what the last poll lent it (held_'s first held_lent_, loop_lent_): the poll lock holder's
+  // alone, with no lock. The data callback, which UCX runs inside that holder's
+  // ucp_worker_progress, lends to the sink or holds; poll lends the rest and releases the
+  // previous poll's loans. No other thread runs the callback: messages to this rank never go
+  // through UCX (whose `self` transport would run it inside the sender's call) but through
+  // loopback_.
+  HeldQueue held_{256};
+  std::size_t held_lent_ = 0;
+  int lend_left_ = 0;  // this poll's lend budget not yet used (lend_limit() at its start)
+  // Copies of held messages UCX does not let the transport keep: slots of copy_slot_size_
+  // bytes (the device's packet, the largest message a ferry peer sends), kept for reuse.
+  static constexpr std::size_t kCopyKeep = 256;
+  std::size_t copy_slot_size_;
+  std::vector<unsigned char*> copy_free_;
+  // Messages to this rank, from any thread, in the order sent; the poll lends them (while its
+  // budget is used up they wait here, and a full ring is -EAGAIN to the sender).
   struct Loop {
     const void* data;
     std::size_t length;
-    OpContext* send;  // send(): its buffer, completed when the message is received
+    OpContext* send;  // send(): its buffer, completed when the loan is released
     unsigned char* slot;      // inject(): the bounce slot holding the bytes
   };
   detail::MpmcRing<Loop> loopback_{kLoopback};
+  // The last poll's loans from loopback_: room for kLoopback reserved at construction, and a
+  // poll lends no more than fits, so the poll never allocates.
+  std::vector<Loop> loop_lent_;
   bool receiving_ = true;  // false after cancel_all
   std::atomic<bool> foreign_logged_{false};  // a message not from ferry was reported (relaxed: a log flag)
   // Remote keys: unpacked rkeys by (rank, key), the ones asked for, the ones the owner lacks.
