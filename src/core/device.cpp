@@ -20,7 +20,9 @@ DeviceImpl::DeviceImpl(const DeviceParts& parts, int index, const Config& config
       rendezvous_(*this),
       rma_(*this) {
   spare_target_ = static_cast<int>(std::min<std::size_t>(config.prepost, kPollBatch));
-  for (Link& l : links_) (void)l.transport->deliver_inline(net::InlineSink{&DeviceImpl::on_inline, this, &l});
+  for (Link& l : links_) {
+    if (l.transport->caps().delivers_inline) l.transport->set_inline_sink(net::InlineSink{&DeviceImpl::on_inline, this, &l});
+  }
 }
 
 DeviceImpl::~DeviceImpl() {

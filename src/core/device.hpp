@@ -163,7 +163,7 @@ class DeviceImpl : public DeviceContext {
   Packet* lent_packet(Link& link, std::size_t length, const unsigned char* lent, const unsigned char*& payload);
   // Refills spare_ from the pool (as far as it has packets); returns how many it holds.
   int top_up_spares() noexcept;
-  // Transport::deliver_inline's sink: `device` is this, `link` one of links_.
+  // Transport::set_inline_sink's sink: `device` is this, `link` one of links_.
   static void on_inline(void* device, void* link, const net::Event& e) noexcept;
   // Inside on_inline's handler of a second exception in one poll: logs it (only the first is rethrown).
   void log_dropped_inline_error() noexcept;

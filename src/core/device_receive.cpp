@@ -66,7 +66,7 @@ void release_malloc(void*, void* data) noexcept { std::free(data); }
   return true;
 }
 
-// A message a transport delivers from inside its poll (Transport::deliver_inline): the poll's
+// A message a transport delivers from inside its poll (Caps::delivers_inline): the poll's
 // fast path. An active message for an object that does not batch (a Handler) is signalled
 // before the transport goes on, so a reply from the handler leaves inside the transport's
 // callback; one for a CompletionQueue stays staged and goes with the rest of the poll's run.

@@ -68,6 +68,9 @@ struct Caps {
   bool gather_inject = false;
   // get_pushed() differs from get() for some peers: the target writes the data on request.
   bool pushed_get = false;
+  // Hands arrived messages to the sink given by set_inline_sink from inside its poll (see
+  // there). Fixed at construction: UCX does so where its worker has no lock of ferry's.
+  bool delivers_inline = false;
   Receives receives = Receives::posted;
 };
 
@@ -127,7 +130,7 @@ struct Event {
 // Plain data, so a poll array may be raw storage in which the events are created implicitly.
 static_assert(std::is_aggregate_v<Event> && std::is_trivially_copyable_v<Event> && std::is_trivially_destructible_v<Event>);
 
-// Where a transport that delivers inline (Transport::deliver_inline) hands an arrived message.
+// Where a transport that delivers inline (Caps::delivers_inline) hands an arrived message.
 struct InlineSink {
   void (*deliver)(void* owner, void* link, const Event& e) = nullptr;
   void* owner = nullptr;
@@ -181,16 +184,17 @@ class Transport {
   // poll; a plain store, read by the poll on the same thread).
   void set_lend_limit(int n) noexcept { lend_limit_ = n; }
   int lend_limit() const noexcept { return lend_limit_; }
-  // Asks the transport to hand arrived messages to `sink` from inside its poll, as soon as they
-  // arrive, instead of returning them as events of the poll (the event is the same: a lent
-  // one, readable until the sink returns, or a filled posted receive). Which ones is the
-  // transport's choice (UCX: those its data callback receives while it holds none back;
-  // messages to this rank and held ones still come as poll events), and the order among all
-  // of them stays the poll's; a lent backend's sink and poll events together stay within the
-  // poll's lend_limit(). The sink runs on the poll lock holder with no lock of the
-  // transport's held, may post to this transport (a reply from an active-message handler), but
-  // must not poll it. Returns whether the transport does so from now on; the default does not.
-  virtual bool deliver_inline(const InlineSink& /*sink*/) { return false; }
+  // Where caps().delivers_inline: the transport hands arrived messages to `sink` from inside
+  // its poll, as soon as they arrive, instead of returning them as events of the poll (the
+  // event is the same: a lent one, readable until the sink returns, or a filled posted
+  // receive). Which ones is the transport's choice (UCX: those its data callback receives
+  // while it holds none back; messages to this rank and held ones still come as poll events),
+  // and the order among all of them stays the poll's; a lent backend's sink and poll events
+  // together stay within the poll's lend_limit(). The sink runs on the poll lock holder with no
+  // lock of the transport's held, may post to this transport (a reply from an active-message
+  // handler), but must not poll it. Set once, before the first poll; ignored by a transport
+  // without the capability.
+  void set_inline_sink(const InlineSink& sink) noexcept { sink_ = sink; }
   // Registers [buf, buf+len). Throws ferry::Error naming the range on failure. The result
   // stays valid until deregister.
   virtual Registration* register_memory(const void* buf, std::size_t len, Access access) = 0;
@@ -216,6 +220,7 @@ class Transport {
  protected:
   Caps caps_;
   int lend_limit_ = 0;
+  InlineSink sink_;  // set_inline_sink's; read only where caps_.delivers_inline
 };
 
 // "fi_send: Resource temporarily unavailable (-11)"-style text for a post's result.

@@ -5,8 +5,9 @@
 // source; oversized injects are refused; send's single local event; order from one sender;
 // truncation reported as an error event, nothing written past the receive, and messages
 // still flowing after it; put and get with the peer's key and address; put_data's remote
-// event (data, length) after its bytes; inject_put's silence; teardown with operations in
-// flight. A skip names the backend's known deviation from the contract.
+// event (data, length) after its bytes; inject_put's silence; an inline sink's order and lend
+// limit; teardown with operations in flight. A skip names the backend's known deviation from
+// the contract.
 //
 // Run: FERRY_TEST_BACKEND=self|shm|ofi|ucx (FERRY_TEST_PROVIDER=shm|tcp for ofi; UCX_TLS
 // picks UCX's lanes) ferry-transport-tests. ctest registers one test per variant
@@ -489,6 +490,70 @@ TEST_F(Contract, LentMessagesWaitForRoom) {
     ASSERT_LE(lent, 1) << "past the limit of 1";
   }
   EXPECT_EQ(next, 3u);
+}
+
+// A transport that delivers inline hands messages to the sink only from inside its poll, and
+// sink and poll events together keep the sender's order and the poll's lend limit.
+struct SinkLog {
+  std::vector<std::uint64_t> seq;  // every message's value, sink and poll alike, as it came
+  int in_poll = 0;                 // set around tr(1).poll
+  int outside = 0;                 // sink calls outside a poll
+  int over = 0;                    // lent past the limit of one poll
+  int lent_this_poll = 0;
+  int limit = 0;
+  int bad = 0;                     // not a lent 8-byte message
+};
+void record(SinkLog& log, const Event& e) {
+  if (e.lent == nullptr || e.length != sizeof(std::uint64_t) || e.error != 0) {
+    ++log.bad;
+    return;
+  }
+  if (++log.lent_this_poll > log.limit) ++log.over;
+  std::uint64_t v = 0;
+  std::memcpy(&v, e.lent, sizeof v);
+  log.seq.push_back(v);
+}
+
+TEST_F(Contract, InlineSinkKeepsOrderAndTheLendLimit) {
+  if (!caps_->delivers_inline) GTEST_SKIP() << "this transport returns every message from its poll";
+  ASSERT_TRUE(lends(1)) << "an inline sink gets lent events here";
+  SinkLog log;
+  tr(1).set_inline_sink(InlineSink{[](void* owner, void*, const Event& e) {
+                                     auto& l = *static_cast<SinkLog*>(owner);
+                                     if (l.in_poll == 0) ++l.outside;
+                                     record(l, e);
+                                   },
+                                   &log, nullptr});
+  constexpr std::uint64_t kMessages = 300;
+  std::uint64_t sent = 0;
+  int sink_calls_seen = 0;
+  Event ev[16];
+  const auto deadline = Clock::now() + std::chrono::duration<double>(kWaitSeconds);
+  while (log.seq.size() < kMessages && Clock::now() < deadline) {
+    for (int k = 0; k < 4 && sent < kMessages; ++k) {
+      const int rc = tr(0).inject(rank(1), &sent, sizeof sent);
+      ASSERT_TRUE(rc == 0 || rc == -EAGAIN) << error_text("inject", rc);
+      if (rc == 0) ++sent;
+    }
+    if (!self_) (void)tr(0).poll(ev, 16);
+    log.limit = 1 + static_cast<int>(sent % 5);  // limits of 1..5 in turn
+    log.lent_this_poll = 0;
+    tr(1).set_lend_limit(log.limit);
+    const std::size_t before = log.seq.size();
+    ++log.in_poll;
+    const int n = tr(1).poll(ev, 16);
+    --log.in_poll;
+    sink_calls_seen += static_cast<int>(log.seq.size() - before);
+    for (int k = 0; k < n; ++k) {
+      if (ev[k].lent != nullptr) record(log, ev[k]);
+    }
+  }
+  ASSERT_EQ(log.seq.size(), kMessages) << "sent " << sent;
+  for (std::uint64_t i = 0; i < kMessages; ++i) ASSERT_EQ(log.seq[i], i) << "message " << log.seq[i] << " in place of " << i;
+  EXPECT_EQ(log.outside, 0) << "the sink ran outside a poll";
+  EXPECT_EQ(log.over, 0) << "sink and poll events lent past the poll's limit";
+  EXPECT_EQ(log.bad, 0);
+  EXPECT_GT(sink_calls_seen, 0) << "caps say inline, but no message reached the sink";
 }
 
 TEST_F(Contract, PutThenGetWithThePeersKey) {

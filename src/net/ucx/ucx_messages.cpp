@@ -44,12 +44,6 @@ int UcxTransport::send(int rank, const void* buf, std::size_t len, void*, OpCont
   return posted(ctx, rank, ucp_am_send_nbx(ep, kAmData, nullptr, 0, buf, len, &p));
 }
 
-bool UcxTransport::deliver_inline(const InlineSink& sink) {
-  if (lock_ != nullptr) return false;  // lockless: see the header comment
-  sink_ = sink;
-  return true;
-}
-
 int UcxTransport::poll(Event* events, int max) {
   lend_left_ = lend_limit();
   if (__builtin_expect(rma_.busy(), 0)) {

@@ -38,6 +38,7 @@ UcxTransport::UcxTransport(Context& context, const TransportParams& p)
   set_am_handler(kAmGetPush, &UcxTransport::on_get_push);
   set_am_handler(kAmPushDone, &UcxTransport::on_push_done);
   caps_.name = "ucx";
+  caps_.delivers_inline = lock_ == nullptr;  // lockless holds the worker lock in the callback: see the header
   caps_.inject_size = kInjectSize;
   caps_.max_msg_size = std::size_t{1} << 30;
   caps_.max_rma_size = std::size_t{1} << 30;

@@ -41,7 +41,7 @@
 //    that UCX completes at once reports from the posting thread. Both push onto one
 //    multi-producer ring the poll drains (overflow, never expected: a spin-locked vector).
 //    Where the worker has no lock of ferry's (every lock model but lockless), the data
-//    callback inside poll lends a message to the core at once (deliver_inline: UCX's buffer,
+//    callback inside poll lends a message to the core at once (Caps::delivers_inline: UCX's buffer,
 //    no copy, readable until the sink returns), so an active-message handler runs, and its
 //    reply leaves, inside UCX's callback, before UCX finishes its progress call. It does so
 //    only while nothing is held (a message behind a held one waits for the poll, keeping the
@@ -221,7 +221,6 @@ class UcxTransport final : public Transport {
   void deregister(Registration* r) noexcept override;
 
   // ---- progress (ucx_messages.cpp) ----
-  bool deliver_inline(const InlineSink& sink) override;
   int poll(Event* events, int max) override;
   void cancel_all() noexcept override;
 
@@ -596,10 +595,9 @@ class UcxTransport final : public Transport {
   // library's few such words fit in the spare static TLS glibc keeps for such libraries.
   static inline thread_local UcxTransport* tearing_down_ __attribute__((tls_model("initial-exec"))) = nullptr;
   // The transport whose poll's ucp_worker_progress runs on this thread: the data callback
-  // hands messages to sink_ (set only where the worker has no lock, deliver_inline) inside that
+  // hands messages to sink_ (only where the worker has no lock: Caps::delivers_inline) inside that
   // call alone, never inside teardown's progress calls.
   static inline thread_local UcxTransport* progressing_ __attribute__((tls_model("initial-exec"))) = nullptr;
-  InlineSink sink_;
 };
 
 }  // namespace ferry::net::ucx
