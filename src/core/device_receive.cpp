@@ -42,84 +42,6 @@ void release_malloc(void*, void* data) noexcept { std::free(data); }
 
 }  // namespace
 
-// ---- the inline sink ----------------------------------------------------------------------
-
-// on_inline's fast path: a well-formed active message for an object that takes messages one at
-// a time (a Handler) is signalled straight from here, without the stage; its packet, unless
-// the handler kept the payload, returns to the pool once the handler (and its answer) is done.
-// False, with nothing changed, for anything else: the general path then takes it (and drops a
-// malformed one with its warning). `lent`: p is a spare packet holding a lent message's copy,
-// not a posted receive.
-// Inlined into on_inline, its only caller: one call and frame less per message.
-[[gnu::always_inline]] inline bool DeviceImpl::signal_inline(Link& l, Packet* p, std::size_t length, bool lent) {
-  if (length < kHeader || length > p->capacity || p->data()[0] != static_cast<std::uint8_t>(MsgKind::am)) return false;
-  const auto h = decode<WireHeader>(p->data());
-  if (h.src < 0 || h.src >= size_ || route_[static_cast<std::size_t>(h.src)] != &l) return false;
-  CompletionObject* const target = targets_.exposed_at_once(h.target);
-  if (target == nullptr) return false;  // not exposed yet, or one that batches
-  if (!lent) --l.posted_recvs;
-  p->arrived.length = static_cast<std::uint32_t>(length);
-  Completion& c = staged_[0];  // the stage is empty: its first slot is free
-  fill_am(c, p, h);
-  target->signal(std::move(c));
-  c.buffer.reset();
-  return true;
-}
-
-// A message a transport delivers from inside its poll (Caps::delivers_inline): the poll's
-// fast path. An active message for an object that does not batch (a Handler) is signalled
-// before the transport goes on, so a reply from the handler leaves inside the transport's
-// callback; one for a CompletionQueue stays staged and goes with the rest of the poll's run.
-// An exception must not unwind through the transport's (C) frames: it is kept, and progress
-// rethrows it once the poll has returned.
-void DeviceImpl::on_inline(void* device, void* link, const net::Event& e) noexcept {
-  auto* d = static_cast<DeviceImpl*>(device);
-  auto& l = *static_cast<Link*>(link);
-  d->delivered_inline_ = true;
-  d->inline_count_.store(d->inline_count_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  try {
-    if (__builtin_expect(e.error != 0, 0)) {  // truncated: dropped and logged, as from the poll
-      d->flush_staged();
-      d->on_event(l, e);
-      return;
-    }
-    if (e.lent != nullptr) {
-      // Copied into a spare packet (the transport lends no more per poll than the device has
-      // spares), then the same fast path as a posted receive's packet.
-      const unsigned char* payload = nullptr;
-      Packet* p = d->lent_packet(l, e.length, e.lent, payload);
-      if (p == nullptr) return;
-      if (d->staged_count_ == 0 && d->signal_inline(l, p, e.length, true)) return;
-      d->on_recv<true>(l, p, e.length, payload);
-    } else {
-      auto* p = reinterpret_cast<Packet*>(e.context);
-      if (d->staged_count_ == 0 && d->signal_inline(l, p, e.length, false)) return;
-      --l.posted_recvs;
-      d->on_recv(l, p, e.length, p->data() + kFragmentHeader);
-    }
-    if (d->staged_count_ != 0 && !d->staged_target_->batches()) d->flush_staged_slow();
-  } catch (...) {
-    if (d->inline_error_ == nullptr) {
-      d->inline_error_ = std::current_exception();
-    } else {
-      d->log_dropped_inline_error();
-    }
-  }
-}
-
-// A second exception within one poll: progress rethrows only the first, so this one is said here.
-void DeviceImpl::log_dropped_inline_error() noexcept {
-  try {
-    throw;
-  } catch (const std::exception& e) {
-    FERRY_LOG_AT(error, rank_, index_, "an exception while delivering a message (not rethrown: progress "
-                 "rethrows the poll's first): %s", e.what());
-  } catch (...) {
-    FERRY_LOG_AT(error, rank_, index_, "an exception while delivering a message (not rethrown: progress "
-                 "rethrows the poll's first), not a std::exception");
-  }
-}
-
 // ---- arrived messages ----------------------------------------------------------------------
 
 // Copies an eager message into a matched receive and signals it. Consumes the message.
@@ -316,6 +238,84 @@ void DeviceImpl::on_packet(Packet* p) {
     case MsgKind::fin:
       rendezvous_.on_fin(p);
       return;
+  }
+}
+
+// ---- the inline sink ----------------------------------------------------------------------
+
+// on_inline's fast path: a well-formed active message for an object that takes messages one at
+// a time (a Handler) is signalled straight from here, without the stage; its packet, unless
+// the handler kept the payload, returns to the pool once the handler (and its answer) is done.
+// False, with nothing changed, for anything else: the general path then takes it (and drops a
+// malformed one with its warning). `lent`: p is a spare packet holding a lent message's copy,
+// not a posted receive.
+// Inlined into on_inline, its only caller: one call and frame less per message.
+[[gnu::always_inline]] inline bool DeviceImpl::signal_inline(Link& l, Packet* p, std::size_t length, bool lent) {
+  if (length < kHeader || length > p->capacity || p->data()[0] != static_cast<std::uint8_t>(MsgKind::am)) return false;
+  const auto h = decode<WireHeader>(p->data());
+  if (h.src < 0 || h.src >= size_ || route_[static_cast<std::size_t>(h.src)] != &l) return false;
+  CompletionObject* const target = targets_.exposed_at_once(h.target);
+  if (target == nullptr) return false;  // not exposed yet, or one that batches
+  if (!lent) --l.posted_recvs;
+  p->arrived.length = static_cast<std::uint32_t>(length);
+  Completion& c = staged_[0];  // the stage is empty: its first slot is free
+  fill_am(c, p, h);
+  target->signal(std::move(c));
+  c.buffer.reset();
+  return true;
+}
+
+// A message a transport delivers from inside its poll (Caps::delivers_inline): the poll's
+// fast path. An active message for an object that does not batch (a Handler) is signalled
+// before the transport goes on, so a reply from the handler leaves inside the transport's
+// callback; one for a CompletionQueue stays staged and goes with the rest of the poll's run.
+// An exception must not unwind through the transport's (C) frames: it is kept, and progress
+// rethrows it once the poll has returned.
+void DeviceImpl::on_inline(void* device, void* link, const net::Event& e) noexcept {
+  auto* d = static_cast<DeviceImpl*>(device);
+  auto& l = *static_cast<Link*>(link);
+  d->delivered_inline_ = true;
+  d->inline_count_.store(d->inline_count_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  try {
+    if (__builtin_expect(e.error != 0, 0)) {  // truncated: dropped and logged, as from the poll
+      d->flush_staged();
+      d->on_event(l, e);
+      return;
+    }
+    if (e.lent != nullptr) {
+      // Copied into a spare packet (the transport lends no more per poll than the device has
+      // spares), then the same fast path as a posted receive's packet.
+      const unsigned char* payload = nullptr;
+      Packet* p = d->lent_packet(l, e.length, e.lent, payload);
+      if (p == nullptr) return;
+      if (d->staged_count_ == 0 && d->signal_inline(l, p, e.length, true)) return;
+      d->on_recv<true>(l, p, e.length, payload);
+    } else {
+      auto* p = reinterpret_cast<Packet*>(e.context);
+      if (d->staged_count_ == 0 && d->signal_inline(l, p, e.length, false)) return;
+      --l.posted_recvs;
+      d->on_recv(l, p, e.length, p->data() + kFragmentHeader);
+    }
+    if (d->staged_count_ != 0 && !d->staged_target_->batches()) d->flush_staged_slow();
+  } catch (...) {
+    if (d->inline_error_ == nullptr) {
+      d->inline_error_ = std::current_exception();
+    } else {
+      d->log_dropped_inline_error();
+    }
+  }
+}
+
+// A second exception within one poll: progress rethrows only the first, so this one is said here.
+void DeviceImpl::log_dropped_inline_error() noexcept {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    FERRY_LOG_AT(error, rank_, index_, "an exception while delivering a message (not rethrown: progress "
+                 "rethrows the poll's first): %s", e.what());
+  } catch (...) {
+    FERRY_LOG_AT(error, rank_, index_, "an exception while delivering a message (not rethrown: progress "
+                 "rethrows the poll's first), not a std::exception");
   }
 }
 
