@@ -236,9 +236,9 @@ const RuntimeOptionTable& runtime_option_table() {
                   "pmix (mpirun, srun --mpi=pmix)"},
                  &O::bootstrap, &S::bootstrap),
           option({"transport", "FERRY_TRANSPORT", T::choice, "auto", pointers(backend_names().transport), 0, 0, nullptr,
-                  "backend per peer: auto (within a host the first built-in backend that reaches it, ferry's "
-                  "shared memory; across hosts FERRY_NETWORK), or the name of one backend (see above) for every "
-                  "peer: shm (every rank on one host), ofi (libfabric), ucx (UCX), self (a job of one rank)"},
+                  "backend per peer: auto (to this rank alone and within a host, the first built-in backend "
+                  "that reaches the peer; across hosts FERRY_NETWORK), or the name of one backend for every "
+                  "peer (ferry-info lists them, each with what it reaches)"},
                  &O::transport, &S::transport),
           option({"host", "FERRY_HOST", T::text, "", {}, 0, 0, nullptr,
                   "this rank's host identity for FERRY_TRANSPORT=auto (empty: the hostname); ranks with "

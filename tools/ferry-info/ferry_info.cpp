@@ -58,8 +58,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> errors;  // invalid values in the environment, reported at the end
 
   std::printf("ferry %s\n\n", ferry::version());
-  std::printf("backends (FERRY_TRANSPORT names one for every peer; auto: shm within a host, self to this rank, "
-              "FERRY_NETWORK across hosts):\n");
+  std::printf("backends (FERRY_TRANSPORT names one for every peer; auto: to this rank alone and within a host "
+              "the first built-in one that reaches the peer, FERRY_NETWORK across hosts):\n");
   for (const ferry::BackendReport& b : ferry::describe_backends(probe)) {
     std::printf("  %s: %s\n    %s\n", b.name.c_str(), b.usable ? b.summary.c_str() : "unavailable", b.origin.c_str());
     if (!b.usable && b.origin.rfind("not built", 0) != 0) std::printf("    %s\n", b.error.c_str());
