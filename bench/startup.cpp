@@ -1,0 +1,59 @@
+// ferry-startup: what a job of N ranks costs to start and hold, one JSON line per rank.
+//
+// Each rank makes a ferry::Runtime (bootstrap, transports, connections), waits in one barrier,
+// finalizes, and prints: init_s (Runtime's constructor, main's start to its return), barrier_s,
+// finalize_s, and maxrss_kib (the process's peak resident set, getrusage, read after
+// finalize). The launcher's wall time around the whole job is the driver's (bench/scale.py),
+// beside ferry-mpi-startup's numbers for MPICH and Open MPI.
+//   build/bin/ferryrun -n 16 build/bin/ferry-startup
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+
+#include <nlohmann/json.hpp>
+
+#include "ferry/ferry.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+long maxrss_kib() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;  // KiB on Linux
+}
+
+}  // namespace
+
+int main() {
+  try {
+    const auto t0 = Clock::now();
+    nlohmann::json j{{"bench", "startup"}};
+    {
+      ferry::Runtime rt;
+      const auto t1 = Clock::now();
+      rt.barrier();
+      const auto t2 = Clock::now();
+      j["rank"] = rt.rank();
+      j["ranks"] = rt.size();
+      j["transport"] = rt.transport();
+      j["provider"] = rt.provider();
+      j["init_s"] = seconds(t0, t1);
+      j["barrier_s"] = seconds(t1, t2);
+      rt.finalize();
+      j["finalize_s"] = seconds(t2, Clock::now());
+    }
+    j["maxrss_kib"] = maxrss_kib();
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry-startup: %s\n", e.what());
+    return 1;
+  }
+}
