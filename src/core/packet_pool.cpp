@@ -84,18 +84,13 @@ PacketPool::PacketPool(std::size_t count, std::size_t payload_size)
   if (payload_size > UINT32_MAX) throw Error("FERRY_PACKET_SIZE=" + std::to_string(payload_size) + " is too large");
   slab_ = static_cast<unsigned char*>(std::aligned_alloc(4096, ((stride_ * count + 4095) / 4096) * 4096));
   if (slab_ == nullptr) throw Error("packet pool: cannot allocate " + std::to_string(stride_ * count) + " bytes");
-  // Only the headers are written here: a payload is always written before it is read (a post
-  // copies into it, a receive fills it), so the slab's pages fault in as packets first carry
-  // data instead of all at start-up (32 MiB at the defaults: a quarter of a small job's start).
+  // Only the first batch's headers are written here (see the contract); a payload is always
+  // written before it is read (a post copies into it, a receive fills it), so even a made
+  // packet's payload pages fault in only when it first carries data.
   if (count >= kEmpty) throw Error("FERRY_PACKETS=" + std::to_string(count) + " is too large");
   head_.store(kEmpty, std::memory_order_relaxed);
-  for (std::size_t i = count; i-- > 0;) {
-    auto* p = new (slab_ + i * stride_) Packet{};
-    p->pool = this;
-    p->capacity = static_cast<std::uint32_t>(payload_size);
-    p->index = static_cast<std::uint32_t>(i);
-    put_shared(p);
-  }
+  free_count_.store(count, std::memory_order_relaxed);  // unmade packets count as free
+  (void)grow();
   Registry& reg = registry();
   std::lock_guard<std::mutex> guard(reg.mutex);
   std::size_t s = 0;
@@ -146,13 +141,39 @@ Packet* PacketPool::get_slow() noexcept {
   if (cached_) {
     ThreadCache* c = cache();
     if (c != nullptr) {
-      if (c->count == 0) c->count = take_shared(c->items, cache_batch_);
-      if (c->count > 0) return c->items[--c->count];
-      return nullptr;
+      while (c->count == 0) {
+        c->count = take_shared(c->items, cache_batch_);
+        if (c->count == 0 && !grow()) return nullptr;
+      }
+      return c->items[--c->count];
     }
   }
   Packet* p = nullptr;
-  return take_shared(&p, 1) == 1 ? p : nullptr;
+  while (take_shared(&p, 1) == 0) {
+    if (!grow()) return nullptr;
+  }
+  return p;
+}
+
+bool PacketPool::grow() noexcept {
+  std::uint32_t from = made_.load(std::memory_order_relaxed);
+  std::uint32_t to = 0;
+  do {
+    if (from >= count_) return false;
+    to = static_cast<std::uint32_t>(std::min<std::size_t>(count_, std::size_t{from} + kGrowBatch));
+  } while (!made_.compare_exchange_weak(from, to, std::memory_order_relaxed, std::memory_order_relaxed));
+  Packet* made[kGrowBatch];
+  // Lowest index on top of the list, as the packets were ordered when all were made at once.
+  for (std::uint32_t i = from; i < to; ++i) {
+    auto* p = new (slab_ + std::size_t{i} * stride_) Packet{};
+    p->pool = this;
+    p->capacity = static_cast<std::uint32_t>(payload_);
+    p->index = i;
+    made[i - from] = p;
+  }
+  free_count_.fetch_sub(to - from, std::memory_order_relaxed);  // counted while unmade; give_shared adds them back
+  give_shared(made, to - from);
+  return true;
 }
 
 std::uint32_t PacketPool::take_shared(Packet** out, std::uint32_t n) noexcept {

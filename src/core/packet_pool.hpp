@@ -5,6 +5,11 @@
 //  - get() returns nullptr when no packet is free: the caller reports retry(packet_pool).
 //  - Every packet comes from one slab allocated (and registered with the provider by the
 //    device) at construction; a packet returns to the pool that made it.
+//  - The slab's address range is reserved at once, its packets made as they are needed: the
+//    first kGrowBatch at construction, then kGrowBatch more whenever a get finds the shared
+//    list empty (a CAS on made_ gives each grower its own range, so concurrent growers make
+//    disjoint packets). An unmade packet's pages are never touched, so a device's resident
+//    memory follows the most packets it held at once, not FERRY_PACKETS.
 //  - The shared free list is a lock-free stack of packet indices with a generation tag in the
 //    same 64-bit word (no ABA). Unlike a bounded ring, a push can never be refused, so a
 //    returned packet is never lost, whatever other threads are doing.
@@ -170,6 +175,7 @@ extern constinit thread_local CacheTable* tls_table __attribute__((tls_model("in
 class PacketPool {
  public:
   static constexpr std::size_t kMinCachedPool = 512;
+  static constexpr std::uint32_t kGrowBatch = 64;  // packets made at a time (see the contract)
   static constexpr std::size_t kCacheSize = packet_cache::kCacheSize;  // the largest cache_capacity()
 
   PacketPool(std::size_t count, std::size_t payload_size);
@@ -217,8 +223,11 @@ class PacketPool {
   std::size_t payload_size() const noexcept { return payload_; }
   // Packets one thread's cache holds at most (0: this pool caches nothing).
   std::size_t cache_capacity() const noexcept { return cache_cap_; }
-  // Packets in the shared free list (not counting per-thread caches); exact when quiescent.
+  // Packets a get can still have: those in the shared free list (not counting per-thread
+  // caches) and those not made yet; exact when quiescent.
   std::size_t available_approx() const noexcept { return free_count_.load(std::memory_order_relaxed); }
+  // Packets made so far (their headers written): the pool's resident part.
+  std::size_t made() const noexcept { return made_.load(std::memory_order_relaxed); }
 
   // Buffer::Release for packets handed to the caller.
   static void release_payload(void* pool, void* payload) noexcept;
@@ -244,6 +253,9 @@ class PacketPool {
   std::uint32_t take_shared(Packet** out, std::uint32_t n) noexcept;
   // Pushes out[0..n) onto the shared list with one CAS.
   void give_shared(Packet* const* items, std::uint32_t n) noexcept;
+  // Makes up to kGrowBatch more packets and pushes them onto the shared list; false when every
+  // packet is made.
+  bool grow() noexcept;
 
   std::size_t count_;
   std::size_t payload_;
@@ -259,7 +271,11 @@ class PacketPool {
   // bumped by every successful change, so a stale head can never be swapped back in (ABA).
   static constexpr std::uint32_t kEmpty = 0xFFFFFFFFu;
   alignas(cache_line) std::atomic<std::uint64_t> head_;
-  std::atomic<std::size_t> free_count_{0};
+  std::atomic<std::size_t> free_count_{0};  // the shared list's packets and the unmade ones
+  // Packets made: [0, made_) have their headers. Only grow() changes it, by CAS. Relaxed
+  // everywhere: a packet made by one thread reaches another only through the shared list,
+  // whose release CAS publishes its header; made_ itself orders nothing.
+  std::atomic<std::uint32_t> made_{0};
 };
 
 }  // namespace ferry::detail

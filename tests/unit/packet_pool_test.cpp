@@ -446,6 +446,57 @@ TEST(PacketPool, ConcurrentGetPutLosesNoPackets) {
   EXPECT_EQ(drain(pool).size(), kCount) << "packets lost by concurrent put/get";
 }
 
+// A pool makes its packets as gets need them: one batch at construction, then a batch at a
+// time, every packet once, and no more than FERRY_PACKETS.
+TEST(PacketPool, PacketsAreMadeAsNeeded) {
+  for (const std::size_t count : {std::size_t{8}, std::size_t{100}, std::size_t{4096}}) {
+    PacketPool pool(count, 64);
+    EXPECT_EQ(pool.made(), std::min<std::size_t>(count, PacketPool::kGrowBatch)) << "pool of " << count;
+    EXPECT_EQ(pool.available_approx(), count) << "unmade packets count as available";
+    std::vector<Packet*> got;
+    for (std::size_t i = 0; i < std::min<std::size_t>(count, PacketPool::kGrowBatch + 1); ++i) got.push_back(pool.get());
+    if (count > PacketPool::kGrowBatch) {
+      EXPECT_EQ(pool.made(), std::min<std::size_t>(count, 2 * PacketPool::kGrowBatch)) << "one batch more";
+    }
+    std::vector<Packet*> rest = drain(pool);
+    got.insert(got.end(), rest.begin(), rest.end());
+    EXPECT_EQ(pool.made(), count);
+    expect_all_distinct_from(pool, got);
+    EXPECT_EQ(got.size(), count) << "every packet once";
+    for (Packet* p : got) {
+      ASSERT_TRUE(in_slab(pool, p));
+      EXPECT_EQ(p->index, index_of(pool, p));
+      EXPECT_EQ(p->capacity, 64u);
+      EXPECT_EQ(p->pool, &pool);
+    }
+    for (Packet* p : got) pool.put_shared(p);
+  }
+}
+
+// Threads that find the shared list empty at once grow the pool without making a packet twice.
+TEST(PacketPool, ConcurrentGrowthMakesEachPacketOnce) {
+  constexpr std::size_t kCount = 4096;
+  constexpr int kThreads = 8;
+  PacketPool pool(kCount, 64);
+  std::atomic<bool> go{false};
+  std::vector<std::vector<Packet*>> got(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      while (Packet* p = pool.get()) got[static_cast<std::size_t>(t)].push_back(p);
+    });
+  }
+  go.store(true, std::memory_order_release);
+  for (auto& th : threads) th.join();
+  std::vector<Packet*> all;
+  for (auto& g : got) all.insert(all.end(), g.begin(), g.end());
+  EXPECT_EQ(pool.made(), kCount);
+  EXPECT_EQ(all.size(), kCount);
+  expect_all_distinct_from(pool, all);
+  for (Packet* p : all) pool.put_shared(p);
+}
+
 // A pool destroyed and replaced (same cache slot, since slots are reused lowest-first) must
 // not see the old pool's packets still sitting in a thread's cache.
 TEST(PacketPool, NewPoolInSameSlotIgnoresStaleCache) {
