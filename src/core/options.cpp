@@ -257,7 +257,8 @@ const RuntimeOptionTable& runtime_option_table() {
                   "bytes per packet; messages up to this size minus a 16-byte header go eagerly"},
                  &O::packet_size, &S::packet_size),
           option({"packets", "FERRY_PACKETS", T::size, "4096", {}, 2, 1u << 24, nullptr,
-                  "packets per device (send and receive buffers; over UCX also its bounce buffers, at most 1024)"},
+                  "packets per device, at most (send and receive buffers, made 64 at a time as the device needs them: "
+                  "memory follows the most it held at once; over UCX also its bounce buffers, at most 1024)"},
                  &O::packets, &S::packets),
           option({"prepost", "FERRY_PREPOST", T::size, "256", {}, 1, UINT64_MAX, "packets",
                   "receives each device keeps posted on each transport that takes posted receives (refilled on idle polls, at once below half); a lending transport (ferry's shm) holds at most 16 spare packets instead"},
