@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Start-up time and peak memory per rank of a job of N ranks on this machine: ferry beside
-MPICH and Open MPI (issue "Scale" measures itself with it).
+MPICH and Open MPI.
 
 Each job is ferry-startup (ferry::Runtime, one barrier, finalize) or ferry-mpi-startup (MPI_Init,
 MPI_Barrier, MPI_Finalize), started by its own launcher: ferryrun, mpiexec.hydra, mpirun.openmpi.
 A job's start-up is the launcher's wall time, from its start to the exit of its last rank; its
-memory the median rank's peak resident set (getrusage after finalize). Repetitions interleave the
-implementations, so a slow minute of the machine falls on all of them; the table gives medians.
+memory the median rank's peak resident set (getrusage after finalize), and after the barrier
+its resident set by kind and its proportional set size (bench/rss_parts.hpp). Repetitions
+interleave the implementations, so a slow minute of the machine falls on all of them; the
+tables give medians.
 
 Implementations (--impls):
   ferry-shm        FERRY_TRANSPORT=auto on one host: ferry's shared memory.
@@ -119,7 +121,9 @@ def main():
                 if ok:
                     rss = statistics.median(r["maxrss_kib"] for r in rows)
                     init = statistics.median(r["init_s"] for r in rows)
-                    jobs.setdefault((impl, n), []).append((wall, rss, init))
+                    parts = tuple(statistics.median(r.get(k, -1) for r in rows)
+                                  for k in ("rss_anon_kib", "rss_file_kib", "rss_shmem_kib", "pss_kib"))
+                    jobs.setdefault((impl, n), []).append((wall, rss, init) + parts)
                     print(f"[{k:3}/{total}] {NAMES[impl]:14} n={n:<4} rep {rep + 1}  {wall:6.2f} s  "
                           f"rss {rss / 1024:6.1f} MiB  init {init:6.3f} s", flush=True)
                 else:
@@ -134,7 +138,12 @@ def main():
             rows.append({"impl": impl, "ranks": n, "runs": len(v),
                          "wall_s": statistics.median(x[0] for x in v) if v else None,
                          "rss_mib": statistics.median(x[1] for x in v) / 1024 if v else None,
-                         "init_s": statistics.median(x[2] for x in v) if v else None})
+                         "init_s": statistics.median(x[2] for x in v) if v else None,
+                         # the resident set after the barrier by kind, median rank, median job
+                         "anon_mib": statistics.median(x[3] for x in v) / 1024 if v else None,
+                         "file_mib": statistics.median(x[4] for x in v) / 1024 if v else None,
+                         "shmem_mib": statistics.median(x[5] for x in v) / 1024 if v else None,
+                         "pss_mib": statistics.median(x[6] for x in v) / 1024 if v else None})
     summary = {"timestamp": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "reps": args.reps,
                "hosts": args.hosts, "load_start": load_start, "load_end": os.getloadavg()[0],
                "commit": benchkit.git_rev(), "rows": rows}
@@ -160,6 +169,19 @@ def main():
               "|---|" + "---|" * len(args.impls)]
     for n in args.ranks:
         lines.append(f"| {n} | " + " | ".join(cell(i, n, "rss_mib", "%.1f") for i in args.impls) + " |")
+    lines += ["", "Resident set after the barrier by kind (median rank), MiB: anonymous / files (libraries) / "
+              "shared memory.", "",
+              "| ranks | " + " | ".join(NAMES[i] for i in args.impls) + " |",
+              "|---|" + "---|" * len(args.impls)]
+    for n in args.ranks:
+        lines.append(f"| {n} | " + " | ".join(
+            " / ".join(cell(i, n, k, "%.1f") for k in ("anon_mib", "file_mib", "shmem_mib")) for i in args.impls) + " |")
+    lines += ["", "Proportional set size after the barrier (median rank), MiB: each shared page divided among "
+              "the processes mapping it (libraries and shared-memory segments alike; see bench/rss_parts.hpp).", "",
+              "| ranks | " + " | ".join(NAMES[i] for i in args.impls) + " |",
+              "|---|" + "---|" * len(args.impls)]
+    for n in args.ranks:
+        lines.append(f"| {n} | " + " | ".join(cell(i, n, "pss_mib", "%.1f") for i in args.impls) + " |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"\nresults in {out}")

@@ -2,8 +2,9 @@
 //
 // Each rank makes a ferry::Runtime (bootstrap, transports, connections), waits in one barrier,
 // finalizes, and prints: init_s (Runtime's constructor, main's start to its return), barrier_s,
-// finalize_s, and maxrss_kib (the process's peak resident set, getrusage, read after
-// finalize). The launcher's wall time around the whole job is the driver's (bench/scale.py),
+// finalize_s, maxrss_kib (the process's peak resident set, getrusage, read after finalize), and
+// after the barrier the resident set by kind (rss_anon_kib, rss_file_kib, rss_shmem_kib) and
+// the proportional set size (pss_kib; see rss_parts.hpp). The launcher's wall time around the whole job is the driver's (bench/scale.py),
 // beside ferry-mpi-startup's numbers for MPICH and Open MPI.
 //   build/bin/ferryrun -n 16 build/bin/ferry-startup
 #include <sys/resource.h>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ferry/ferry.hpp"
+#include "rss_parts.hpp"
 
 namespace {
 
@@ -45,6 +47,11 @@ int main() {
       j["provider"] = rt.provider();
       j["init_s"] = seconds(t0, t1);
       j["barrier_s"] = seconds(t1, t2);
+      const bench::RssParts parts = bench::rss_parts();
+      j["rss_anon_kib"] = parts.anon_kib;
+      j["rss_file_kib"] = parts.file_kib;
+      j["rss_shmem_kib"] = parts.shmem_kib;
+      j["pss_kib"] = parts.pss_kib;
       rt.finalize();
       j["finalize_s"] = seconds(t2, Clock::now());
     }
