@@ -114,8 +114,10 @@ def main():
                 ok = rc == 0 and len(rows) == n
                 rec = {"impl": impl, "ranks": n, "rep": rep + 1, "exit": rc, "wall_s": round(wall, 4), "ok": ok,
                        "rank_lines": rows, "env": extra}
-                if not ok:
-                    rec["stderr_tail"] = (stderr or "")[-2000:]
+                if not ok:  # the first lines name the first failure, the last how the job ended
+                    err = stderr or ""
+                    rec["stderr_head"] = err[:3000]
+                    rec["stderr_tail"] = err[-2000:] if len(err) > 3000 else ""
                 raw.write(json.dumps(rec) + "\n")
                 raw.flush()
                 if ok:
