@@ -85,10 +85,10 @@ def run_in_group(cmd, env, timeout, cwd=None):
         return None, out or "", (err or "") + f"\n(killed after {timeout} s)", time.monotonic() - t0
 
 
-def last_json(out, bench, key="bench"):
-    """The last JSON object in `out` whose `key` ("bench" by default; the proxy applications
-    say "app") is `bench` (a launcher's "[0] " prefix is tolerated), or None."""
-    result = None
+def all_json(out, bench, key="bench"):
+    """Every JSON object in `out`, one per line, whose `key` ("bench" by default; the proxy
+    applications say "app") is `bench` (a launcher's "[0] " prefix is tolerated), in order."""
+    found = []
     for line in (out or "").splitlines():
         i = line.find("{")
         if i < 0:
@@ -98,8 +98,14 @@ def last_json(out, bench, key="bench"):
         except json.JSONDecodeError:
             continue
         if isinstance(j, dict) and j.get(key) == bench:
-            result = j
-    return result
+            found.append(j)
+    return found
+
+
+def last_json(out, bench, key="bench"):
+    """The last of all_json(out, bench, key), or None."""
+    found = all_json(out, bench, key)
+    return found[-1] if found else None
 
 
 def run_chains(cmd, env, timeout):

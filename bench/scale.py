@@ -61,21 +61,6 @@ def command(impl, n, args, bin_dir):
             str(bin_dir / "ferry-mpi-startup-openmpi")], env
 
 
-def ranks_lines(out):
-    rows = []
-    for line in (out or "").splitlines():
-        i = line.find("{")
-        if i < 0:
-            continue
-        try:
-            j = json.loads(line[i:])
-        except json.JSONDecodeError:
-            continue
-        if isinstance(j, dict) and j.get("bench") == "startup":
-            rows.append(j)
-    return rows
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=lambda t: benchkit.int_list(t, "--ranks", 1), default=[2, 16, 64])
@@ -110,7 +95,7 @@ def main():
                 env = dict(os.environ)
                 env.update(extra)
                 rc, stdout, stderr, wall = benchkit.run_in_group(cmd, env, args.timeout + 15)
-                rows = ranks_lines(stdout)
+                rows = benchkit.all_json(stdout, "startup")
                 ok = rc == 0 and len(rows) == n
                 rec = {"impl": impl, "ranks": n, "rep": rep + 1, "exit": rc, "wall_s": round(wall, 4), "ok": ok,
                        "rank_lines": rows, "env": extra}
