@@ -84,6 +84,7 @@ def main():
     raw = open(out / "raw.jsonl", "w")
     jobs = {}  # (impl, n) -> list of (wall, median rss KiB, median init s)
     load_start = os.getloadavg()[0]
+    c2c_start = benchkit.c2c_probe(bin_dir)  # the vCPUs' placement (see benchkit.c2c_probe)
     total = len(args.ranks) * len(args.impls) * args.reps
     k = 0
     for rep in range(args.reps):
@@ -133,6 +134,7 @@ def main():
                          "pss_mib": statistics.median(x[6] for x in v) / 1024 if v else None})
     summary = {"timestamp": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "reps": args.reps,
                "hosts": args.hosts, "load_start": load_start, "load_end": os.getloadavg()[0],
+               "c2c_ns_start": c2c_start, "c2c_ns_end": benchkit.c2c_probe(bin_dir),
                "commit": benchkit.git_rev(), "rows": rows}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 
@@ -143,7 +145,9 @@ def main():
     lines = [f"# Start-up and memory per rank, {os.cpu_count()} CPUs, medians of {args.reps}",
              "",
              f"Run {summary['timestamp']} at {summary['commit']}; load average {load_start:.2f} at the start, "
-             f"{summary['load_end']:.2f} at the end. Network runs: {args.hosts} FERRY_HOST groups.",
+             f"{summary['load_end']:.2f} at the end; cache-line round trip between cores 0 and 1 (ferry-c2c) "
+             f"{summary['c2c_ns_start']} ns at the start, {summary['c2c_ns_end']} ns at the end. "
+             f"Network runs: {args.hosts} FERRY_HOST groups.",
              "",
              "Start-up: the launcher's wall time (launch, init, one barrier, finalize, exit), seconds.",
              "",

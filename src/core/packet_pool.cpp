@@ -162,17 +162,17 @@ bool PacketPool::grow() noexcept {
     if (from >= count_) return false;
     to = static_cast<std::uint32_t>(std::min<std::size_t>(count_, std::size_t{from} + kGrowBatch));
   } while (!made_.compare_exchange_weak(from, to, std::memory_order_relaxed, std::memory_order_relaxed));
-  Packet* made[kGrowBatch];
+  Packet* fresh[kGrowBatch];
   // Lowest index on top of the list, as the packets were ordered when all were made at once.
   for (std::uint32_t i = from; i < to; ++i) {
     auto* p = new (slab_ + std::size_t{i} * stride_) Packet{};
     p->pool = this;
     p->capacity = static_cast<std::uint32_t>(payload_);
     p->index = i;
-    made[i - from] = p;
+    fresh[i - from] = p;
   }
   free_count_.fetch_sub(to - from, std::memory_order_relaxed);  // counted while unmade; give_shared adds them back
-  give_shared(made, to - from);
+  give_shared(fresh, to - from);
   return true;
 }
 
