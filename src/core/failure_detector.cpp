@@ -33,16 +33,36 @@ PeerFailures::PeerFailures(int rank, int size, const Config& config)
 // keepalive started still ends it here.
 PeerFailures::~PeerFailures() { stop_keepalive(); }
 
-void PeerFailures::start_keepalive(std::vector<int> away) {
-  keepalive_.start(size_, std::move(away), config_.peer_timeout_ms, config_.peer_check_ms);
+const std::vector<int>& PeerFailures::use_ring(std::shared_ptr<const RingLayout> ring) {
+  monitor_ = std::make_unique<RingMonitor>(std::move(ring), rank_, config_.peer_timeout_ms, config_.peer_check_ms);
+  spread_.assign(static_cast<std::size_t>(size_), 0);
+  return monitor_->links();
+}
+
+void PeerFailures::start_keepalive() {
   keepalive_thread_ = std::thread([this] { keep_alive(); });
 }
 
 void PeerFailures::close_heartbeats() noexcept {
   if (heartbeats_ == nullptr) return;
-  for (int r : keepalive_.peers())
-    if (failed(r)) heartbeats_->peer_failed(r);
+  if (monitor_ != nullptr) {
+    for (int r : monitor_->links())
+      if (failed(r)) heartbeats_->peer_failed(r);
+  }
   heartbeats_.reset();
+}
+
+void PeerFailures::spread_new_failures() {
+  const std::uint32_t count = failure_count();
+  if (count == spread_count_) return;
+  spread_count_ = count;
+  for (int r = 0; r < size_; ++r) {
+    std::uint8_t& given = spread_[static_cast<std::size_t>(r)];
+    if (given == 0 && failed(r)) {
+      given = 1;
+      monitor_->spread(r);
+    }
+  }
 }
 
 void PeerFailures::peer_failed(int rank, const std::string& how) noexcept {
@@ -57,61 +77,91 @@ void PeerFailures::peer_failed(int rank, const std::string& how) noexcept {
   failure_count_.fetch_add(1, std::memory_order_release);
 }
 
-// Every check interval: the keepalive channel polled (each heartbeat arrived marks its sender
-// heard; a departing one marks it departed), a heartbeat to each peer on another host that has
-// neither failed nor departed once a quarter of the timeout has passed since its last, then
-// the silence check. From a thread of its own, not from progress: a rank that computes for a
-// while without calling progress is still heard and still hears. A heartbeat refused for now
-// (a full queue, a connection still being made) is tried again at the next tick. When the
-// thread stops (finalize), each such peer gets a departing heartbeat, so the silence that
-// follows is not taken for a failure even before the departure message on the data path,
-// behind whatever this rank sent last, reaches it.
+// Every check interval: the keepalive channel polled (a heartbeat marks its sender heard, a
+// departing one marks it departed, a notice fails its subject), then the ring's step:
+// heartbeats to this rank's guardians, the silence check of its wards, and a notice to every
+// link of each failure newly recorded here, whoever found it. From a thread of its own, not
+// from progress: a rank that computes for a while without calling progress is still heard and
+// still hears. While notices move, the thread also wakes every kNoticePollMs between checks,
+// so a notice crosses each hop in milliseconds, not in a check interval. A message refused for
+// now (a full queue, a connection still being made) is tried again at the next wake. When the
+// thread stops (finalize), each link gets a departing heartbeat, so the silence that follows is
+// not taken for a failure even before the departure message on the data path, behind whatever
+// this rank sent last, reaches it.
 void PeerFailures::keep_alive() noexcept {
   using Clock = std::chrono::steady_clock;
+  constexpr auto kNoticePollMs = std::chrono::milliseconds(2);
   const auto tick = std::chrono::milliseconds(config_.peer_check_ms);
-  const auto beat_every = std::chrono::milliseconds(std::max(1, keepalive_.timeout_ms() / 4));
-  const std::vector<int>& peers = keepalive_.peers();
-  std::vector<Clock::time_point> next_beat(peers.size(), Clock::time_point{});
-  Clock::time_point last_check = Clock::now();
+  struct Channel final : RingMonitor::Outbox {
+    HeartbeatChannel& channel;
+    explicit Channel(HeartbeatChannel& c) : channel(c) {}
+    int send(int to, Beat kind, int subject) noexcept override { return channel.send(to, kind, subject); }
+  } out(*heartbeats_);
+  const GoneFn gone = [this](int r) { return failed(r) || has_departed(r); };
+  Clock::time_point last_check = Clock::now(), next_check = last_check;
+  Clock::time_point busy_until{};  // notices moved recently: wake often until then
   std::vector<int> silent;
   std::vector<HeartbeatChannel::Arrived> arrived;
   arrived.reserve(64);
   bool warned = false, warned_oom = false;
-  auto gone = [this](int r) { return failed(r) || has_departed(r); };
   std::unique_lock<std::mutex> lock(keepalive_mutex_);
   for (bool first = true;; first = false) {
-    if (!first && keepalive_wake_.wait_for(lock, tick, [this] { return keepalive_stop_; })) break;
+    if (!first) {
+      const Clock::time_point wake = Clock::now() < busy_until ? std::min(next_check, Clock::now() + kNoticePollMs)
+                                                               : next_check;
+      if (keepalive_wake_.wait_until(lock, wake, [this] { return keepalive_stop_; })) break;
+    }
     lock.unlock();
     try {
       arrived.clear();
       heartbeats_->poll(arrived);
+      bool notices = false;
       for (const HeartbeatChannel::Arrived& a : arrived) {
-        keepalive_.heard(a.rank);
-        if (a.kind == Beat::departing) departed(a.rank);
-      }
-      const Clock::time_point now = Clock::now();
-      for (std::size_t i = 0; i < peers.size(); ++i) {
-        if (now < next_beat[i] || gone(peers[i])) continue;
-        const int rc = heartbeats_->send(peers[i], Beat::alive);
-        if (rc == -EAGAIN) continue;  // due again at the next tick
-        next_beat[i] = now + beat_every;
-        if (rc != 0 && !warned) {
-          FERRY_LOG_AT(warn, rank_, -1, "a heartbeat to rank %d failed: %s", peers[i],
-                       net::error_text("inject", rc).c_str());
-          warned = true;
+        switch (a.kind) {
+          case Beat::alive: monitor_->heard(a.rank); break;
+          case Beat::departing:
+            monitor_->heard(a.rank);
+            departed(a.rank);
+            break;
+          case Beat::failed:
+            notices = true;
+            if (a.subject == rank_) {
+              // Its guardians or the ring took this rank for failed (a cut link, a stall):
+              // from here on it is gone from this rank too, on both sides of the cut.
+              peer_failed(a.rank, "it reported this rank failed (a cut between them, or this rank stalled)");
+            } else {
+              peer_failed(a.subject, "rank " + std::to_string(a.rank) + " reported it failed");
+            }
+            break;
         }
       }
-      const std::int64_t elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_check).count();
-      last_check = now;
-      silent.clear();
-      keepalive_.check(elapsed, silent);
-      for (int r : silent) {
-        peer_failed(r, "no heartbeat from it for " + std::to_string(keepalive_.timeout_ms()) +
-                           " ms (FERRY_PEER_TIMEOUT_MS): its host, its process or the link to it is down");
+      const Clock::time_point now = Clock::now();
+      if (now >= next_check) {
+        const std::int64_t elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_check).count();
+        last_check = now;
+        next_check = now + tick;
+        silent.clear();
+        spread_new_failures();
+        const std::uint64_t version =
+            std::uint64_t{failure_count()} << 32 | departures_.load(std::memory_order_relaxed);
+        monitor_->tick(std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(), elapsed,
+                       version, gone, out, silent);
+        for (int r : silent) {
+          peer_failed(r, "no heartbeat from it for " + std::to_string(config_.peer_timeout_ms) +
+                             " ms (FERRY_PEER_TIMEOUT_MS): its host, its process or the link to it is down");
+        }
+      }
+      spread_new_failures();
+      monitor_->flush(gone, out);
+      if (notices || monitor_->spreading()) busy_until = now + tick;
+      if (monitor_->send_error() != 0 && !warned) {
+        FERRY_LOG_AT(warn, rank_, -1, "keepalive: a message to rank %d failed: %s", monitor_->send_error_peer(),
+                     net::error_text("inject", monitor_->send_error()).c_str());
+        warned = true;
       }
     } catch (const std::exception& e) {
-      // Out of memory (a vector or a message string): the check is tried again at the next
-      // tick; a peer in `silent` not yet failed is named then.
+      // Out of memory (a vector or a message string): the step is tried again at the next
+      // wake; a peer in `silent` not yet failed is named then.
       if (!warned_oom) FERRY_LOG_AT(warn, rank_, -1, "keepalive: %s", e.what());
       warned_oom = true;
     }
@@ -119,9 +169,7 @@ void PeerFailures::keep_alive() noexcept {
   }
   lock.unlock();
   // Departing: best effort, a few polls to let the channel send them.
-  for (int r : peers) {
-    if (!gone(r)) (void)heartbeats_->send(r, Beat::departing);
-  }
+  monitor_->depart(gone, out);
   arrived.clear();
   for (int i = 0; i < 5; ++i) {
     try {

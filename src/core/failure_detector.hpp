@@ -1,6 +1,7 @@
 // failure_detector.hpp — PeerFailures: which peers failed, and everything that finds out:
 // the watch of this host's peers' processes and of the launcher (check_peers, from progress),
-// the keepalive thread with its heartbeat channel (peers on other hosts), the departures that
+// the keepalive thread with its heartbeat channel and its share of the monitoring ring (peers on
+// other hosts, monitor_ring.hpp), the departures that
 // tell a finalizing peer's end from a failure, and what transports report (peer_failed).
 //
 // Contract: failed_[r] goes 0 -> 1 once (exchange), then failure_count_ is incremented with
@@ -27,6 +28,7 @@
 #include "core/config.hpp"
 #include "core/heartbeats.hpp"
 #include "core/liveness.hpp"
+#include "core/monitor_ring.hpp"
 
 namespace ferry::detail {
 
@@ -44,8 +46,11 @@ class PeerFailures {
   void watch_launcher(pid_t parent) noexcept { launcher_ = parent; }
   void set_heartbeats(std::unique_ptr<HeartbeatChannel> channel) noexcept { heartbeats_ = std::move(channel); }
   HeartbeatChannel* heartbeats() noexcept { return heartbeats_.get(); }
-  // Starts the keepalive thread over the channel, watching `away` (the peers on other hosts).
-  void start_keepalive(std::vector<int> away);
+  // The monitoring ring (monitor_ring.hpp), before the channel connects: the ranks it links
+  // this one to, the only ones whose channel addresses it needs.
+  const std::vector<int>& use_ring(std::shared_ptr<const RingLayout> ring);
+  // Starts the keepalive thread over the channel and the ring.
+  void start_keepalive();
   // Its end (idempotent); departing heartbeats go out as it stops.
   void stop_keepalive() noexcept;
   // Teardown, after stop_keepalive: the channel closed, a failed peer's connection abandoned,
@@ -72,15 +77,21 @@ class PeerFailures {
   // thread's (keep_alive).
   void check_peers() noexcept;
   // `rank` finalized (its departure message arrived): its end that follows is no failure.
-  void departed(int rank) noexcept { departed_[static_cast<std::size_t>(rank)].store(1, std::memory_order_relaxed); }
+  void departed(int rank) noexcept {
+    if (departed_[static_cast<std::size_t>(rank)].exchange(1, std::memory_order_relaxed) == 0) {
+      departures_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
 
  private:
   bool has_departed(int rank) const noexcept {
     return departed_[static_cast<std::size_t>(rank)].load(std::memory_order_relaxed) != 0;
   }
-  // The keepalive thread's body: the channel polled, heartbeats out, silence checks; departing
-  // heartbeats when it stops.
+  // The keepalive thread's body: the channel polled, heartbeats out, notices of failures in
+  // and out, silence checks; departing heartbeats when it stops.
   void keep_alive() noexcept;
+  // Gives the ring every failure recorded since the last call (the keepalive thread's).
+  void spread_new_failures();
 
   const int rank_;
   const int size_;
@@ -97,11 +108,16 @@ class PeerFailures {
   // need it eventually (a peer failed just before its departure is seen is still a peer that
   // stopped answering), and it guards no other data.
   std::unique_ptr<std::atomic<std::uint8_t>[]> departed_;
+  // Departures recorded: with failure_count(), the ring's gone_version. Relaxed like departed_:
+  // a change seen a tick late only delays the ring's next guardians by that tick.
+  std::atomic<std::uint32_t> departures_{0};
   std::vector<int> suspects_;  // under watch_mutex_: processes seen ended at the last check
   pid_t launcher_ = 0;         // FERRY_LAUNCHER_WATCH: the parent at start-up (0: not watched)
   // The keepalive's channel, or null; used only by the keepalive thread once it runs.
   std::unique_ptr<HeartbeatChannel> heartbeats_;
-  Keepalive keepalive_;  // started before the keepalive thread, checked only by it
+  std::unique_ptr<RingMonitor> monitor_;  // made before the keepalive thread, used only by it
+  std::vector<std::uint8_t> spread_;      // by rank: a failure the ring was given (keepalive thread)
+  std::uint32_t spread_count_ = 0;        // failure_count() when spread_ was last brought up to date
   std::thread keepalive_thread_;
   std::mutex keepalive_mutex_;
   std::condition_variable keepalive_wake_;

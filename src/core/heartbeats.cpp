@@ -17,26 +17,41 @@ constexpr std::size_t kSlots = 32;  // a few beats per watched peer between two 
 
 }  // namespace
 
-void encode_beat(unsigned char (&out)[kBeatBytes], Beat kind, int rank) noexcept {
+void encode_beat(unsigned char (&out)[kBeatBytes], Beat kind, int rank, int subject) noexcept {
   std::memset(out, 0, sizeof out);
   encode(out, kBeatMagic);
   out[4] = static_cast<unsigned char>(kind);
   encode(out + 8, static_cast<std::uint32_t>(rank));
+  encode(out + 12, static_cast<std::uint32_t>(subject));
+}
+
+bool decode_beat(const unsigned char* data, std::size_t length, int size, int source, Beat& kind, int& rank,
+                 int& subject) noexcept {
+  if (data == nullptr || length != kBeatBytes || decode<std::uint32_t>(data) != kBeatMagic) return false;
+  const unsigned char k = data[4];
+  if (k != static_cast<unsigned char>(Beat::alive) && k != static_cast<unsigned char>(Beat::departing) &&
+      k != static_cast<unsigned char>(Beat::failed)) {
+    return false;
+  }
+  if (data[5] != 0 || data[6] != 0 || data[7] != 0) return false;
+  const std::uint32_t r = decode<std::uint32_t>(data + 8);
+  const std::uint32_t about = decode<std::uint32_t>(data + 12);
+  if (r >= static_cast<std::uint32_t>(size)) return false;
+  if (source >= 0 && static_cast<std::uint32_t>(source) != r) return false;
+  if (k == static_cast<unsigned char>(Beat::failed) ? about >= static_cast<std::uint32_t>(size) || about == r
+                                                     : about != 0) {
+    return false;
+  }
+  kind = static_cast<Beat>(k);
+  rank = static_cast<int>(r);
+  subject = static_cast<int>(about);
+  return true;
 }
 
 bool decode_beat(const unsigned char* data, std::size_t length, int size, int source, Beat& kind,
                  int& rank) noexcept {
-  if (data == nullptr || length != kBeatBytes || decode<std::uint32_t>(data) != kBeatMagic) return false;
-  if (data[4] != static_cast<unsigned char>(Beat::alive) && data[4] != static_cast<unsigned char>(Beat::departing)) {
-    return false;
-  }
-  if (data[5] != 0 || data[6] != 0 || data[7] != 0 || decode<std::uint32_t>(data + 12) != 0) return false;
-  const std::uint32_t r = decode<std::uint32_t>(data + 8);
-  if (r >= static_cast<std::uint32_t>(size)) return false;
-  if (source >= 0 && static_cast<std::uint32_t>(source) != r) return false;
-  kind = static_cast<Beat>(data[4]);
-  rank = static_cast<int>(r);
-  return true;
+  int subject = 0;
+  return decode_beat(data, length, size, source, kind, rank, subject);
 }
 
 HeartbeatChannel::HeartbeatChannel(std::unique_ptr<net::Transport> transport, int rank, int size)
@@ -83,9 +98,9 @@ bool HeartbeatChannel::post(std::size_t slot) {
   return false;
 }
 
-int HeartbeatChannel::send(int rank, Beat kind) noexcept {
+int HeartbeatChannel::send(int rank, Beat kind, int subject) noexcept {
   unsigned char frame[kBeatBytes];
-  encode_beat(frame, kind, rank_);
+  encode_beat(frame, kind, rank_, subject);
   return transport_->inject(rank, frame, sizeof frame);
 }
 
@@ -102,12 +117,12 @@ void HeartbeatChannel::poll(std::vector<Arrived>& arrived) {
   // write where it lies, so it is checked only once copied).
   const auto take = [&](const unsigned char* data, std::size_t length, int error, int source) {
     Beat kind{};
-    int from = -1;
+    int from = -1, subject = 0;
     // Where the transport names senders, a sender it cannot name (-1) is not in the job.
     if (error == 0 && length <= sizeof slots_[0].buffer && !(named && source < 0) &&
-        decode_beat(data, length, size_, source, kind, from) &&
+        decode_beat(data, length, size_, source, kind, from, subject) &&
         from != rank_) {
-      arrived.push_back(Arrived{from, kind});
+      arrived.push_back(Arrived{from, kind, subject});
     } else if (error == 0 || error == -EMSGSIZE) {
       ++malformed_;
       FERRY_LOG_AT(warn, rank_, -1, "keepalive channel: dropped a malformed heartbeat of %zu bytes (from rank %d)",

@@ -8,9 +8,10 @@
 // heartbeat waits for neither, so the keepalive counts only heartbeats, and a peer is named
 // within the timeout and one check interval of its last one.
 //
-// A heartbeat is 16 bytes: the magic "FRHB", a kind (alive, or departing: the sender
-// finalized), three zero bytes, the sender's rank and four zero bytes; the words in the
-// byte order of wire.hpp's encode (the job's own: one binary, one architecture). Every field is checked
+// A heartbeat is 16 bytes: the magic "FRHB", a kind (alive; departing: the sender finalized;
+// failed: a notice that the subject failed, monitor_ring.hpp), three zero bytes, the sender's
+// rank and the subject's (a notice's; zero for the other kinds); the words in the byte order of
+// wire.hpp's encode (the job's own: one binary, one architecture). Every field is checked
 // before use; a message that fails a check is dropped and counted.
 //
 // Concurrency: not shared. Everything is called by the one keepalive thread, except the
@@ -24,24 +25,26 @@
 #include <string>
 #include <vector>
 
+#include "core/monitor_ring.hpp"
 #include "core/op_context.hpp"
 #include "net/transport.hpp"
 
 namespace ferry::detail {
 
-enum class Beat : std::uint8_t { alive = 1, departing = 2 };
-
 inline constexpr std::size_t kBeatBytes = 16;
 inline constexpr std::uint32_t kBeatMagic = 0x42485246;  // "FRHB" on a little-endian machine
 
-// Encodes a heartbeat of `kind` from `rank`.
-void encode_beat(unsigned char (&out)[kBeatBytes], Beat kind, int rank) noexcept;
+// Encodes a heartbeat of `kind` from `rank` (`subject`: a notice's failed rank, else 0).
+void encode_beat(unsigned char (&out)[kBeatBytes], Beat kind, int rank, int subject = 0) noexcept;
 // Decodes `length` bytes received from a job of `size` ranks (`source`: the rank the
 // transport names as sender, or -1 when it names none). False when any check fails: the
-// length, the magic, the kind, the padding, a rank outside the job, or a rank that is not the
-// transport's sender.
+// length, the magic, the kind, the padding, a rank outside the job, a rank that is not the
+// transport's sender, a notice's subject outside the job or equal to its sender, or another
+// kind's subject not zero.
 bool decode_beat(const unsigned char* data, std::size_t length, int size, int source, Beat& kind,
                  int& rank) noexcept;
+bool decode_beat(const unsigned char* data, std::size_t length, int size, int source, Beat& kind, int& rank,
+                 int& subject) noexcept;
 
 class HeartbeatChannel {
  public:
@@ -59,13 +62,14 @@ class HeartbeatChannel {
   void connected() { transport_->connected(); }
 
   // Injects a heartbeat to `rank`: 0, -EAGAIN (try again later) or another negative errno.
-  int send(int rank, Beat kind) noexcept;
+  int send(int rank, Beat kind, int subject = 0) noexcept;
   // `rank` failed: the transport then closes without waiting on it (see Transport::peer_failed).
   void peer_failed(int rank) { transport_->peer_failed(rank); }
 
   struct Arrived {
     int rank;
     Beat kind;
+    int subject;  // a notice's failed rank (Beat::failed), else 0
   };
   // Polls the channel: appends each heartbeat arrived to `arrived`, drops (and counts) each
   // malformed one, and reposts every receive used up (one the transport refuses for now is

@@ -89,27 +89,48 @@ bool parse_process_identity(const std::string& text, pid_t& pid, std::string& pi
   return true;
 }
 
-void Keepalive::start(int size, std::vector<int> peers, int timeout_ms, int check_ms) {
+void Keepalive::start(std::vector<int> peers, int timeout_ms, int check_ms) {
   peers_ = std::move(peers);
-  heard_.assign(static_cast<std::size_t>(size), 0);
+  std::sort(peers_.begin(), peers_.end());
+  peers_.erase(std::unique(peers_.begin(), peers_.end()), peers_.end());
+  heard_.assign(peers_.size(), 0);
+  watched_.assign(peers_.size(), 1);
   silence_ns_.assign(peers_.size(), 0);
-  reported_.assign(peers_.size(), false);
+  reported_.assign(peers_.size(), 0);
   timeout_ns_ = std::int64_t{timeout_ms} * 1000000;
   max_step_ns_ = std::int64_t{check_ms} * 2000000;
+}
+
+std::size_t Keepalive::index_of(int rank) const noexcept {
+  const auto at = std::lower_bound(peers_.begin(), peers_.end(), rank);
+  return at != peers_.end() && *at == rank ? static_cast<std::size_t>(at - peers_.begin()) : peers_.size();
+}
+
+void Keepalive::watch(const std::vector<int>& watched) {
+  std::vector<std::uint8_t> now(peers_.size(), 0);
+  for (int r : watched) {
+    const std::size_t i = index_of(r);
+    if (i < peers_.size()) now[i] = 1;
+  }
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    if (now[i] != 0 && watched_[i] == 0) silence_ns_[i] = 0;
+  }
+  watched_ = std::move(now);
 }
 
 void Keepalive::check(std::int64_t elapsed_ns, std::vector<int>& silent) {
   const std::int64_t step = std::clamp<std::int64_t>(elapsed_ns, 0, max_step_ns_);
   for (std::size_t i = 0; i < peers_.size(); ++i) {
-    std::uint8_t& h = heard_[static_cast<std::size_t>(peers_[i])];
-    if (h != 0) {
-      h = 0;
+    const bool heard = heard_[i] != 0;
+    heard_[i] = 0;
+    if (watched_[i] == 0) continue;
+    if (heard) {
       silence_ns_[i] = 0;
       continue;
     }
     silence_ns_[i] += step;
-    if (silence_ns_[i] >= timeout_ns_ && !reported_[i]) {
-      reported_[i] = true;
+    if (silence_ns_[i] >= timeout_ns_ && reported_[i] == 0) {
+      reported_[i] = 1;
       silent.push_back(peers_[i]);
     }
   }

@@ -47,23 +47,29 @@ class PeerWatch {
   std::vector<Peer> peers_;
 };
 
-// Silence detection for the peers on other hosts (FERRY_PEER_TIMEOUT_MS). Every process sends
-// each such peer a heartbeat every timeout/4 on the keepalive's own channel (heartbeats.hpp),
-// from a thread of its own that also polls the channel, so neither a rank busy computing nor a
-// flood of data on either side delays them; heard() records one. The same thread calls check()
-// every check interval: a peer not heard from for `timeout` is named. One tick counts at most
-// twice the interval, so a checker that was itself stopped or starved blames nobody for it.
+// Silence detection for the peers on other hosts (FERRY_PEER_TIMEOUT_MS): the wards of this
+// rank on the monitoring ring (monitor_ring.hpp), among the peers its keepalive channel links
+// it to. Their heartbeats come every timeout/4 on the keepalive's own channel (heartbeats.hpp),
+// sent from a thread of their own that also polls the channel, so neither a rank busy computing
+// nor a flood of data on either side delays them; heard() records one. The same thread calls
+// check() every check interval: a watched peer not heard from for `timeout` is named. One tick
+// counts at most twice the interval, so a checker that was itself stopped or starved blames
+// nobody for it; a peer starts its silence from zero when it becomes watched.
 //
-// Concurrency: none; start(), heard() and check() by the keepalive thread (start() may come
-// before the thread does).
+// Concurrency: none; start(), watch(), heard() and check() by the keepalive thread (start()
+// may come before the thread does).
 class Keepalive {
  public:
   Keepalive() = default;
-  // Watches `peers` (ranks of a job of `size`), naming one after `timeout_ms` of silence;
-  // checks come every `check_ms`.
-  void start(int size, std::vector<int> peers, int timeout_ms, int check_ms);
+  // The peers that may be watched (`peers`, any order), all of them watched until watch() says
+  // otherwise, naming one after `timeout_ms` of silence; checks come every `check_ms`.
+  void start(std::vector<int> peers, int timeout_ms, int check_ms);
+  // Watches exactly those of `peers` that are in `watched`; one newly watched starts silent
+  // for no time.
+  void watch(const std::vector<int>& watched);
   void heard(int rank) noexcept {
-    if (rank >= 0 && static_cast<std::size_t>(rank) < heard_.size()) heard_[static_cast<std::size_t>(rank)] = 1;
+    const std::size_t i = index_of(rank);
+    if (i < peers_.size()) heard_[i] = 1;
   }
   // `elapsed_ns` since the last check. Appends to `silent` each watched peer silent for the
   // timeout; each is named once.
@@ -73,10 +79,14 @@ class Keepalive {
   int timeout_ms() const noexcept { return static_cast<int>(timeout_ns_ / 1000000); }
 
  private:
-  std::vector<int> peers_;
-  std::vector<std::uint8_t> heard_;                      // by rank: heard since the last check
-  std::vector<std::int64_t> silence_ns_;                 // by index in peers_
-  std::vector<bool> reported_;                           // by index in peers_
+  // peers_.size() when `rank` is not a peer.
+  std::size_t index_of(int rank) const noexcept;
+
+  std::vector<int> peers_;                 // sorted
+  std::vector<std::uint8_t> heard_;        // by index in peers_: heard since the last check
+  std::vector<std::uint8_t> watched_;      // by index in peers_
+  std::vector<std::int64_t> silence_ns_;   // by index in peers_
+  std::vector<std::uint8_t> reported_;     // by index in peers_
   std::int64_t timeout_ns_ = 0;
   std::int64_t max_step_ns_ = 0;
 };

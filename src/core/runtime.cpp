@@ -45,9 +45,9 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   size_ = boot_->size();
   if (size_ > 0xFFFFFF) throw Error("job size " + std::to_string(size_) + " exceeds ferry's limit of 16777215 ranks");
   failures_ = std::make_unique<PeerFailures>(rank_, size_, config_);
-  const TransportPlan plan =
-      plan_transports(options_.value("transport"), options_.value("network"),
-                      exchange_hosts(*boot_, config_.host.empty() ? hostname() : config_.host, options_, failures_->watch()), rank_);
+  const std::vector<std::string> hosts =
+      exchange_hosts(*boot_, config_.host.empty() ? hostname() : config_.host, options_, failures_->watch());
+  const TransportPlan plan = plan_transports(options_.value("transport"), options_.value("network"), hosts, rank_);
   // Each device's transports, in this order: [network][host][self], each one that is used.
   std::vector<std::string> used;
   for (const std::string& name : {plan.network, plan.host, plan.self}) {
@@ -86,12 +86,10 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
     if (r == rank_ && self_index >= 0) t = self_index;
     route[static_cast<std::size_t>(r)] = t;
   }
-  // The peers on other hosts, which the keepalive watches through a channel of its own. Every
-  // rank agrees whether there is one: each has peers away exactly when the job spans two hosts.
-  std::vector<int> away;
-  for (int r = 0; r < size_; ++r)
-    if (!plan.on_host[static_cast<std::size_t>(r)]) away.push_back(r);
-  const auto params = [&](int device, bool heartbeat) {
+  // Whether the job spans hosts: then the keepalive watches the peers on other hosts through a
+  // channel of its own. Every rank agrees: each has peers away exactly when the job spans two.
+  const bool any_away = std::find(plan.on_host.begin(), plan.on_host.end(), false) != plan.on_host.end();
+  const auto params = [&](int device, bool heartbeat, const std::vector<bool>& away) {
     return net::TransportParams{.rank = rank_,
                                 .size = size_,
                                 .device = device,
@@ -99,16 +97,22 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
                                 .packets = config_.packets,
                                 .serialized = serialized,
                                 .heartbeat = heartbeat,
-                                .away = away_ranks};
+                                .away = away};
   };
-  if (config_.peer_timeout_ms != 0 && !away.empty()) {
-    auto channel = std::make_unique<HeartbeatChannel>(network_->make_transport(params(0, true)), rank_, size_);
+  std::vector<int> links;  // the keepalive channel's peers: this rank's links on the ring
+  if (config_.peer_timeout_ms != 0 && any_away) {
+    // Its links include ranks of this host (notices take the ring's shortcuts): every channel
+    // endpoint handles its peer's failure as one away would.
+    std::vector<bool> all_away(static_cast<std::size_t>(size_), true);
+    all_away[static_cast<std::size_t>(rank_)] = false;
+    auto channel = std::make_unique<HeartbeatChannel>(network_->make_transport(params(0, true, all_away)), rank_, size_);
     failures_->set_heartbeats(std::move(channel));
+    links = failures_->use_ring(std::make_shared<const RingLayout>(host_indices(hosts)));
     boot_->put("ferry.alive", failures_->heartbeats()->address());
   }
   for (int d = 0; d < config_.devices; ++d) {
     std::vector<std::unique_ptr<net::Transport>> transports;
-    for (auto& backend : backends_) transports.push_back(backend->make_transport(params(d, false)));
+    for (auto& backend : backends_) transports.push_back(backend->make_transport(params(d, false, away_ranks)));
     devices_.push_back(std::make_unique<DeviceImpl>(device_parts(), d, config_, std::move(transports), route));
     const LockModel model = config_.lock_model;
     const bool direct = model == LockModel::lockless || model == LockModel::serialized;
@@ -133,7 +137,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   }
   if (HeartbeatChannel* heartbeats = failures_->heartbeats()) {
     std::vector<std::string> addresses(static_cast<std::size_t>(size_));
-    for (int r : away) addresses[static_cast<std::size_t>(r)] = boot_->get(r, "ferry.alive");
+    for (int r : links) addresses[static_cast<std::size_t>(r)] = boot_->get(r, "ferry.alive");
     heartbeats->connect(addresses);
   }
   // Every rank has its receives posted before anyone sends, and every peer has attached to
@@ -144,7 +148,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   }
   if (HeartbeatChannel* heartbeats = failures_->heartbeats()) {
     heartbeats->connected();
-    failures_->start_keepalive(std::move(away));
+    failures_->start_keepalive();
   }
   try {
     progress_threads_ = start_progress_threads(config_, handles_);

@@ -40,7 +40,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (transport.posted_recvs() != 32) std::abort();  // every receive used up was posted again
   for (const auto& a : arrived) {
     if (a.rank != 0) std::abort();  // the transport named rank 0 as every message's sender
-    if (a.kind != ferry::detail::Beat::alive && a.kind != ferry::detail::Beat::departing) std::abort();
+    using ferry::detail::Beat;
+    if (a.kind != Beat::alive && a.kind != Beat::departing && a.kind != Beat::failed) std::abort();
+    // A notice names a rank of the job other than its sender; the other kinds name none.
+    if (a.kind == Beat::failed ? a.subject < 0 || a.subject >= 4 || a.subject == a.rank : a.subject != 0) std::abort();
   }
   if (arrived.size() + channel.malformed() > sent) std::abort();
   return 0;

@@ -102,9 +102,10 @@ notify_seeds = {
     "several": notice(1, 1, 8) + notice(3, 2, 0, writer=0) + notice(0, 0xFFFF, 1 << 20),
 }
 
-def beat(kind, rank=0):
-    """A keepalive heartbeat (src/core/heartbeats.hpp): magic, kind, padding, sender rank."""
-    frame = struct.pack("<IB3xII", 0x42485246, kind, rank, 0)
+def beat(kind, rank=0, subject=0):
+    """A keepalive heartbeat (src/core/heartbeats.hpp): magic, kind, padding, sender rank,
+    subject (a notice's failed rank)."""
+    frame = struct.pack("<IB3xII", 0x42485246, kind, rank, subject)
     return bytes([len(frame)]) + frame
 
 
@@ -114,6 +115,8 @@ heartbeat_seeds = {
     "many": beat(1) * 40 + beat(2),
     "other_sender": beat(1, rank=3) + beat(1),
     "malformed_then_good": (bytes([5]) + b"\xab" * 5) * 40 + beat(1),
+    "notice": beat(3, subject=2) + beat(1),
+    "notice_of_itself": beat(3, subject=0) + beat(3, subject=9) + beat(1),
 }
 
 root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "corpus")

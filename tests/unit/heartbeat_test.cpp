@@ -51,6 +51,10 @@ TEST(Heartbeat, EveryFieldIsChecked) {
       frame[i] = static_cast<unsigned char>(v);
       const bool ok = decode_beat(frame, sizeof frame, 8, -1, kind, rank);
       if (i == 4 && v == 0x02u) continue;  // not tried: 0x02 is departing
+      if (i == 4 && v == 0x03u) {
+        EXPECT_TRUE(ok) << "a notice from rank 3 that rank 0 failed";
+        continue;
+      }
       if (i == 8 && v < 8) {
         EXPECT_TRUE(ok) << "rank byte " << v;
         EXPECT_EQ(rank, static_cast<int>(v));
@@ -59,6 +63,23 @@ TEST(Heartbeat, EveryFieldIsChecked) {
       }
     }
   }
+}
+
+TEST(Heartbeat, ANoticeNamesAFailedRankInsideTheJobThatIsNotItsSender) {
+  unsigned char frame[kBeatBytes];
+  Beat kind{};
+  int rank = -1, subject = -1;
+  encode_beat(frame, Beat::failed, 3, 5);
+  ASSERT_TRUE(decode_beat(frame, kBeatBytes, 8, 3, kind, rank, subject));
+  EXPECT_EQ(kind, Beat::failed);
+  EXPECT_EQ(rank, 3);
+  EXPECT_EQ(subject, 5);
+  encode_beat(frame, Beat::failed, 3, 8);
+  EXPECT_FALSE(decode_beat(frame, kBeatBytes, 8, -1, kind, rank, subject)) << "subject outside a job of 8";
+  encode_beat(frame, Beat::failed, 3, 3);
+  EXPECT_FALSE(decode_beat(frame, kBeatBytes, 8, -1, kind, rank, subject)) << "a sender reporting itself";
+  encode_beat(frame, Beat::alive, 3, 5);
+  EXPECT_FALSE(decode_beat(frame, kBeatBytes, 8, -1, kind, rank, subject)) << "a heartbeat with a subject";
 }
 
 }  // namespace

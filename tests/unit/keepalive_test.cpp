@@ -15,7 +15,7 @@ constexpr std::int64_t kMs = 1000000;
 // 4 ranks; this one watches 2 and 3 with a 1000 ms timeout, checked every 100 ms.
 Keepalive watching_two_and_three() {
   Keepalive k;
-  k.start(4, {2, 3}, 1000, 100);
+  k.start({3, 2}, 1000, 100);
   return k;
 }
 
@@ -76,11 +76,36 @@ TEST(Keepalive, OneLongGapCountsAtMostTwoIntervals) {
   EXPECT_EQ(silent.size(), 2u);
 }
 
+TEST(Keepalive, OnlyWatchedPeersAreNamed) {
+  Keepalive k = watching_two_and_three();
+  k.watch({3});
+  std::vector<int> silent;
+  for (int i = 0; i < 10; ++i) k.check(100 * kMs, silent);
+  EXPECT_EQ(silent, (std::vector<int>{3})) << "rank 2 is a peer but not watched";
+}
+
+TEST(Keepalive, APeerNewlyWatchedStartsItsSilenceThen) {
+  // Rank 2, unwatched for 900 ms, gets its full timeout once watched: a guardian that takes
+  // over a ward does not blame it for the time before.
+  Keepalive k = watching_two_and_three();
+  k.watch({3});
+  std::vector<int> silent;
+  for (int i = 0; i < 9; ++i) k.check(100 * kMs, silent);
+  k.watch({2, 3});
+  k.check(100 * kMs, silent);
+  EXPECT_EQ(silent, (std::vector<int>{3}));
+  silent.clear();
+  for (int i = 0; i < 8; ++i) k.check(100 * kMs, silent);
+  EXPECT_TRUE(silent.empty()) << "rank 2 named 900 ms after it became watched";
+  k.check(100 * kMs, silent);
+  EXPECT_EQ(silent, (std::vector<int>{2}));
+}
+
 TEST(Keepalive, WithNoPeersNothingIsWatched) {
   Keepalive k;
   EXPECT_TRUE(k.empty());
   k.heard(1);  // not started: ignored
-  k.start(2, {}, 1000, 100);
+  k.start({}, 1000, 100);
   std::vector<int> silent;
   k.check(5000 * kMs, silent);
   EXPECT_TRUE(silent.empty());
