@@ -310,7 +310,8 @@ const RuntimeOptionTable& runtime_option_table() {
                  &O::peer_check_ms, &S::peer_check_ms),
           option({"peer_timeout_ms", "FERRY_PEER_TIMEOUT_MS", T::count, "4000", {}, 0, 86400000, nullptr,
                   "a peer on another host from which no heartbeat came for this many milliseconds is failed "
-                  "(its host or process down, the link cut); each process sends each such peer a heartbeat "
+                  "by the rank that watches it on the keepalive's ring (its host or process down, the link cut), "
+                  "and every other rank is told; each process sends its two guardians on the ring a heartbeat "
                   "every quarter of it, on an endpoint of its own, from a thread of its own; 0: off (such a peer then fails only "
                   "by its transport's errors); at least 4 x FERRY_PEER_CHECK_MS; the same on every rank"},
                  &O::peer_timeout_ms, &S::peer_timeout_ms),

@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# host_down.sh FERRYRUN PROG HOSTS PER_HOST stop|kill — the last host's ranks stop or die at
-# once (see host_down.cpp) in a job split into HOSTS "hosts" of PER_HOST ranks (split_hosts.sh);
+# host_down.sh FERRYRUN PROG HOSTS PER_HOST stop|kill [VICTIMS] — the last host's ranks (or the
+# last VICTIMS ranks) stop or die at once (see host_down.cpp) in a job split into HOSTS "hosts"
+# of PER_HOST ranks (split_hosts.sh; one host: not split);
 # ferryrun --keep-going lets the survivors run on. Passes when every survivor prints its
 # verdict, ferryrun reports the victims' SIGKILL (exit 137: a stopped victim is killed here,
 # by its pid, once the survivors are done), and every rank's process is gone. The network
 # backend comes from the environment.
 set -u
 . "$(dirname "$0")/rank_cleanup.sh"
-ferryrun=$1 prog=$2 hosts=$3 per_host=$4 how=$5
-ranks=$((hosts * per_host)) survivors=$(((hosts - 1) * per_host))
+ferryrun=$1 prog=$2 hosts=$3 per_host=$4 how=$5 victims=${6:-$4}
+ranks=$((hosts * per_host)) survivors=$((hosts * per_host - victims))
+split=("$(dirname "$0")/split_hosts.sh")
+[ "$hosts" = 1 ] && split=()
 job_scratch
 
 start=$SECONDS
-FERRY_TEST_RANKS_PER_HOST=$per_host "$ferryrun" -n "$ranks" --keep-going --timeout 90 -- \
-  "$(dirname "$0")/split_hosts.sh" "$prog" "$how" >"$tmp/out" 2>&1 &
+FERRY_TEST_RANKS_PER_HOST=$per_host FERRY_TEST_VICTIMS=$victims "$ferryrun" -n "$ranks" --keep-going --timeout 90 -- \
+  "${split[@]}" "$prog" "$how" >"$tmp/out" 2>&1 &
 job=$!
 # The survivors' verdicts, then the stopped victims' end.
 for ((i = 0; i < 900; i++)); do
@@ -39,4 +42,4 @@ ok=$(grep -c "host down OK" "$tmp/out")
 [ "$(wc -w <<<"$pids")" = "$ranks" ] || fail "expected $ranks ranks to print their pids, got: $pids"
 ranks_gone_and_clean "$pids"
 pids=""
-echo "ok: $survivors survivors reported the $per_host ranks of the last host ($how) failed; job took $((SECONDS - start)) s"
+echo "ok: $survivors survivors reported the last $victims ranks ($how) failed; job took $((SECONDS - start)) s"
