@@ -4,12 +4,15 @@
 // finalizes, and prints: init_s (Runtime's constructor, main's start to its return), barrier_s,
 // finalize_s, maxrss_kib (the process's peak resident set, getrusage, read after finalize), and
 // after the barrier the resident set by kind (rss_anon_kib, rss_file_kib, rss_shmem_kib) and
-// the proportional set size (pss_kib; see rss_parts.hpp). The launcher's wall time around the whole job is the driver's (bench/scale.py),
+// the proportional set size (pss_kib; see rss_parts.hpp), and ferry's own account of it
+// (Runtime::footprint: bootstrap_reads, keepalive_links, and summed over the devices
+// peers_connected, packets_made, packet_bytes, descriptor_bytes). The launcher's wall time around the whole job is the driver's (bench/scale.py),
 // beside ferry-mpi-startup's numbers for MPICH and Open MPI.
 //   build/bin/ferryrun -n 16 build/bin/ferry-startup
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <exception>
 
@@ -52,6 +55,20 @@ int main() {
       j["rss_file_kib"] = parts.file_kib;
       j["rss_shmem_kib"] = parts.shmem_kib;
       j["pss_kib"] = parts.pss_kib;
+      const ferry::Footprint f = rt.footprint();
+      j["bootstrap_reads"] = f.bootstrap_reads;
+      j["keepalive_links"] = f.keepalive_links;
+      std::size_t peers = 0, packets = 0, packet_bytes = 0, descriptor_bytes = 0;
+      for (const ferry::DeviceFootprint& d : f.devices) {
+        peers += d.peers_connected;
+        packets += d.packets_made;
+        packet_bytes += d.packet_bytes;
+        descriptor_bytes += d.descriptor_bytes;
+      }
+      j["peers_connected"] = peers;
+      j["packets_made"] = packets;
+      j["packet_bytes"] = packet_bytes;
+      j["descriptor_bytes"] = descriptor_bytes;
       rt.finalize();
       j["finalize_s"] = seconds(t2, Clock::now());
     }

@@ -143,6 +143,24 @@ struct DeviceStats {
   std::uint64_t delivered_inline = 0;
 };
 
+// What a device holds now (Device::footprint, Runtime::footprint): the memory that grows with
+// use, and the peers it has endpoints to.
+struct DeviceFootprint {
+  std::size_t packets_made = 0;        // packets made so far: made on demand, up to packets_max
+  std::size_t packets_max = 0;         // FERRY_PACKETS
+  std::size_t packet_bytes = 0;        // bytes of the packets made (headers and payloads)
+  std::size_t descriptors_made = 0;    // descriptors of posted receives made so far
+  std::size_t descriptor_bytes = 0;
+  std::size_t peers_connected = 0;     // peers with an endpoint, over the device's transports
+};
+
+// The runtime's footprint: each device's, and what start-up read and the keepalive connected.
+struct Footprint {
+  std::vector<DeviceFootprint> devices;
+  std::size_t bootstrap_reads = 0;    // the runtime's own bootstrap get()s (kv_get not counted)
+  std::size_t keepalive_links = 0;    // peers of the keepalive's channel (its ring's links)
+};
+
 class Device {
  public:
   [[nodiscard]] Status post_am(const AmArgs& args);
@@ -160,6 +178,7 @@ class Device {
 
   int index() const noexcept;
   DeviceStats stats() const noexcept;
+  DeviceFootprint footprint() const noexcept;
   // Largest post_am / post_send that goes eagerly (larger ones use rendezvous).
   std::size_t eager_limit() const noexcept;
   // Largest eager part of a post_am_iovec with `parts` zero-copy parts.
@@ -250,6 +269,8 @@ class Runtime {
   //  - barrier() and finalize() throw ferry::PeerFailed;
   //  - traffic among the surviving ranks goes on unchanged.
   std::vector<int> failed_ranks() const;
+  // Every device's footprint, the bootstrap reads start-up made and the keepalive's links.
+  Footprint footprint() const;
   // How many ranks this process knows to have failed: one relaxed load, for polling.
   std::uint32_t failure_count() const noexcept;
   // Bootstrap key-value exchange, for setup (e.g. sending RemoteKeys).

@@ -64,4 +64,13 @@ std::string DeviceImpl::describe_peer(int rank) const {
 
 std::size_t DeviceImpl::in_flight() const noexcept { return context_in_flight() + fragments_.backlog(); }
 
+DeviceFootprint DeviceImpl::footprint() const noexcept {
+  return DeviceFootprint{.packets_made = pool_->made(),
+                         .packets_max = pool_->count(),
+                         .packet_bytes = pool_->made_bytes(),
+                         .descriptors_made = recv_descriptors_->made(),
+                         .descriptor_bytes = recv_descriptors_->made_bytes(),
+                         .peers_connected = peers_connected_};
+}
+
 }  // namespace ferry::detail

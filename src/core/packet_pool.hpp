@@ -228,6 +228,7 @@ class PacketPool {
   std::size_t available_approx() const noexcept { return free_count_.load(std::memory_order_relaxed); }
   // Packets made so far (their headers written): the pool's resident part.
   std::size_t made() const noexcept { return made_.load(std::memory_order_relaxed); }
+  std::size_t made_bytes() const noexcept { return made() * stride_; }
 
   // Buffer::Release for packets handed to the caller.
   static void release_payload(void* pool, void* payload) noexcept;

@@ -13,6 +13,7 @@
 #include "common/cpu_relax.hpp"
 #include "common/log.hpp"
 #include "common/queue_support.hpp"
+#include "core/counted_bootstrap.hpp"
 #include "core/job_plan.hpp"
 #include "core/recv_blocks.hpp"
 #include "core/runtime_impl.hpp"
@@ -45,8 +46,9 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   size_ = boot_->size();
   if (size_ > 0xFFFFFF) throw Error("job size " + std::to_string(size_) + " exceeds ferry's limit of 16777215 ranks");
   failures_ = std::make_unique<PeerFailures>(rank_, size_, config_);
+  CountedBootstrap counted(*boot_);  // start-up's reads, for the footprint
   const std::vector<std::string> hosts =
-      exchange_hosts(*boot_, config_.host.empty() ? hostname() : config_.host, options_, failures_->watch());
+      exchange_hosts(counted, config_.host.empty() ? hostname() : config_.host, options_, failures_->watch());
   const TransportPlan plan = plan_transports(options_.value("transport"), options_.value("network"), hosts, rank_);
   // Each device's transports, in this order: [network][host][self], each one that is used.
   std::vector<std::string> used;
@@ -124,22 +126,27 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   boot_->fence();
   for (int d = 0; d < config_.devices; ++d) {
     DeviceImpl& dev = *devices_[static_cast<std::size_t>(d)];
+    std::size_t peers = 0;
     for (std::size_t t = 0; t < dev.transport_count(); ++t) {
       std::vector<std::string> addresses(static_cast<std::size_t>(size_));
       for (int r = 0; r < size_; ++r) {
         if (route[static_cast<std::size_t>(r)] != static_cast<int>(t)) continue;
-        addresses[static_cast<std::size_t>(r)] = boot_->get(r, "ferry.ep." + std::to_string(d) + "." + std::to_string(t));
+        addresses[static_cast<std::size_t>(r)] = counted.get(r, "ferry.ep." + std::to_string(d) + "." + std::to_string(t));
+        if (r != rank_) ++peers;
       }
       dev.transport(t).connect(addresses);
     }
+    dev.set_peers_connected(peers);
     dev.start();
     handles_.push_back(Device(&dev, lock_models_[static_cast<std::size_t>(d)].get()));
   }
   if (HeartbeatChannel* heartbeats = failures_->heartbeats()) {
     std::vector<std::string> addresses(static_cast<std::size_t>(size_));
-    for (int r : links) addresses[static_cast<std::size_t>(r)] = boot_->get(r, "ferry.alive");
+    for (int r : links) addresses[static_cast<std::size_t>(r)] = counted.get(r, "ferry.alive");
+    keepalive_links_ = links.size();
     heartbeats->connect(addresses);
   }
+  bootstrap_reads_ = counted.reads();
   // Every rank has its receives posted before anyone sends, and every peer has attached to
   // this rank's shared memory, which can now go from the namespace.
   boot_->barrier();
@@ -156,6 +163,12 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
     failures_->stop_keepalive();  // before the devices go, as finalize would
     throw;
   }
+}
+
+Footprint RuntimeImpl::footprint() const {
+  Footprint f{.devices = {}, .bootstrap_reads = bootstrap_reads_, .keepalive_links = keepalive_links_};
+  for (const auto& d : devices_) f.devices.push_back(d->footprint());
+  return f;
 }
 
 void RuntimeImpl::perform_deferred() {

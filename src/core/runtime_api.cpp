@@ -42,6 +42,7 @@ void Runtime::barrier() {
   impl_->barrier().wait();
 }
 std::vector<int> Runtime::failed_ranks() const { return impl_->failures().failed_ranks(); }
+Footprint Runtime::footprint() const { return impl_->footprint(); }
 std::uint32_t Runtime::failure_count() const noexcept { return impl_->failures().failure_count(); }
 void Runtime::kv_put(const std::string& key, const std::string& value) { impl_->boot().put(key, value); }
 void Runtime::kv_fence() { impl_->boot().fence(); }
@@ -103,6 +104,7 @@ DeviceStats Device::stats() const noexcept {
   s.delivered_inline = impl_->delivered_inline();
   return s;
 }
+DeviceFootprint Device::footprint() const noexcept { return impl_->footprint(); }
 std::size_t Device::eager_limit() const noexcept { return impl_->eager_limit(); }
 std::size_t Device::iovec_eager_limit(std::size_t parts) const noexcept { return impl_->iovec_eager_limit(parts); }
 

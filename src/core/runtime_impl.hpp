@@ -48,6 +48,7 @@ class RuntimeImpl final : private BarrierDevices {
   std::vector<Device>& handles() { return handles_; }
 
   TargetTable& targets() noexcept { return *targets_; }
+  Footprint footprint() const;
   PeerFailures& failures() noexcept { return *failures_; }
   const PeerFailures& failures() const noexcept { return *failures_; }
   Barrier& barrier() noexcept { return *barrier_; }
@@ -68,6 +69,8 @@ class RuntimeImpl final : private BarrierDevices {
   Resolved<RuntimeSettings> options_;
   const Config& config_ = options_.settings;  // the typed values of options_
   std::unique_ptr<bootstrap::Bootstrap> boot_;
+  std::size_t bootstrap_reads_ = 0;  // start-up's (Footprint)
+  std::size_t keepalive_links_ = 0;
   int rank_ = 0;
   int size_ = 1;
   // The backends this process opened, in each device's transport order; declared before

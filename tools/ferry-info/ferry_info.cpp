@@ -3,6 +3,7 @@
 // from (environment or default). Exits 1 when a value in the environment is invalid.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -48,13 +49,38 @@ void print_table(const Table& table, std::vector<std::string>& errors) {
   print_rows(table.inspect(errors), "  ");
 }
 
+// A one-rank runtime made with the environment's options, and what it holds when fresh.
+int print_footprint() {
+  try {
+    ferry::Runtime rt;
+    const ferry::Footprint f = rt.footprint();
+    std::printf("footprint of a fresh one-rank runtime (transport %s):\n", rt.options().value("transport").c_str());
+    std::printf("  bootstrap reads %zu, keepalive links %zu\n", f.bootstrap_reads, f.keepalive_links);
+    for (std::size_t d = 0; d < f.devices.size(); ++d) {
+      const ferry::DeviceFootprint& x = f.devices[d];
+      std::printf("  device %zu: packets %zu of %zu made (%zu bytes), receive descriptors %zu made (%zu bytes), "
+                  "peers connected %zu\n",
+                  d, x.packets_made, x.packets_max, x.packet_bytes, x.descriptors_made, x.descriptor_bytes,
+                  x.peers_connected);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry-info: --footprint: %s\n", e.what());
+    return 1;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"ferry-info: version, providers and options of this ferry installation"};
   bool probe = false;
   app.add_flag("--probe", probe, "also open each libfabric provider and print its limits (inject size, mr mode...)");
+  bool footprint = false;
+  app.add_flag("--footprint", footprint,
+               "start a one-rank runtime with the environment's options and print what it holds (packets, peers)");
   CLI11_PARSE(app, argc, argv);
+  if (footprint) return print_footprint();
   std::vector<std::string> errors;  // invalid values in the environment, reported at the end
 
   std::printf("ferry %s\n\n", ferry::version());

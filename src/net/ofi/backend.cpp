@@ -2,6 +2,10 @@
 // through one provider's endpoints (ofi_transport.hpp), and its facts for ferry-info.
 #include <rdma/fabric.h>
 
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
 #include "net/backend.hpp"
 #include "net/ofi/fabric.hpp"
 #include "net/ofi/ofi_transport.hpp"
@@ -57,9 +61,15 @@ std::vector<Fact> describe(bool with_probe) {
 }
 
 // The row ofi_provider (options.cpp). "auto": libfabric's own shared memory when this backend
-// serves a job of one host alone, else "" (libfabric's best network).
+// serves a job of one host alone, else "" (libfabric's best network). The row ofi_rxm_rx goes to
+// ofi_rxm through the environment, which it reads when libfabric starts in the process (the
+// first fi_getinfo); a value the user sets there stands. setenv here, as the runtime's
+// constructor opens its backends: the application's threads must not read the environment then.
 std::unique_ptr<Backend> open(const OpenParams& p) {
   const std::string& provider = p.option("ofi_provider").text;
+  if (const std::uint64_t rx = p.option("ofi_rxm_rx").number; rx != 0) {
+    ::setenv("FI_OFI_RXM_MSG_RX_SIZE", std::to_string(rx).c_str(), 0);
+  }
   return std::make_unique<OfiBackend>(open_fabric(provider != "auto" ? provider : p.one_host ? "shm" : ""));
 }
 

@@ -1,0 +1,110 @@
+// Runtime::footprint on every transport: what the devices made, the peers they connected, the
+// bootstrap reads start-up made and the keepalive's links, checked against the job's shape.
+#include <unistd.h>
+
+#include <array>
+#include <cstdlib>
+#include <string>
+
+#include "mp_common.hpp"
+
+using namespace mp;
+
+namespace {
+
+// FI_OFI_RXM_MSG_RX_SIZE as the process began, before the runtime (made in main) set it.
+const std::string kRxmRxAtStart = [] {
+  const char* v = std::getenv("FI_OFI_RXM_MSG_RX_SIZE");
+  return std::string(v != nullptr ? v : "");
+}();
+
+// The host this rank counts as on: FERRY_HOST, or the machine's name (as start-up decides).
+std::string my_host() {
+  const std::string& set = rt().options().settings.host;
+  if (!set.empty()) return set;
+  std::array<char, 256> name{};
+  ::gethostname(name.data(), name.size() - 1);
+  return name.data();
+}
+
+bool job_spans_hosts() {
+  const std::string mine = my_host();
+  rt().kv_put("test.footprint.host", mine);
+  rt().kv_fence();
+  bool spans = false;
+  for (int r = 0; r < rt().size(); ++r) spans = spans || rt().kv_get(r, "test.footprint.host") != mine;
+  return spans;
+}
+
+void expect_consistent(const ferry::DeviceFootprint& d, const char* when) {
+  EXPECT_LE(d.packets_made, d.packets_max) << when;
+  EXPECT_EQ(d.packet_bytes == 0, d.packets_made == 0) << when;
+  EXPECT_EQ(d.descriptor_bytes == 0, d.descriptors_made == 0) << when;
+}
+
+}  // namespace
+
+TEST(Footprint, CountsTheConnectedPeersAndTheBootstrapReadsOfStartUp) {
+  const ferry::Footprint f = rt().footprint();
+  const std::size_t peers = static_cast<std::size_t>(rt().size() - 1);
+  ASSERT_EQ(f.devices.size(), static_cast<std::size_t>(rt().options().settings.devices));
+  for (const ferry::DeviceFootprint& d : f.devices) {
+    expect_consistent(d, "at start");
+    EXPECT_EQ(d.peers_connected, peers) << "every peer has an endpoint after start-up";
+    EXPECT_EQ(d.packets_max, static_cast<std::size_t>(rt().options().settings.packets));
+  }
+  // Each host name, and each device's endpoint of every peer at least.
+  EXPECT_GE(f.bootstrap_reads, static_cast<std::size_t>(rt().size()) + peers * f.devices.size());
+  const bool keepalive = job_spans_hosts() && rt().options().settings.peer_timeout_ms != 0;
+  if (keepalive) {
+    EXPECT_GT(f.keepalive_links, 0u) << "the job spans hosts: the ring links this rank";
+    EXPECT_LE(f.keepalive_links, peers);
+  } else {
+    EXPECT_EQ(f.keepalive_links, 0u) << "one host (or no keepalive): no heartbeat links";
+  }
+  rt().barrier();
+}
+
+TEST(Footprint, PacketsAreMadeAsTrafficNeedsThemAndNeverBeyondTheLimit) {
+  ferry::Device& dev = rt().device();
+  ferry::CompletionQueue inbox;
+  ferry::Exposure ex = rt().expose(inbox, 11);
+  rt().barrier();
+  const std::size_t before = dev.footprint().packets_made;
+  constexpr int kMessages = 64;
+  std::vector<unsigned char> out(2000);
+  fill(out, rt().rank());
+  int got = 0;
+  for (int i = 0; i < kMessages; ++i) {
+    const ferry::Status s = post_retry(dev, [&] {
+      return dev.post_am({.rank = right(), .buffer = out.data(), .size = out.size(), .target = {11},
+                          .tag = static_cast<ferry::Tag>(i)});
+    });
+    ASSERT_FALSE(s.is_failed()) << "peer " << s.rank << " failed";
+    while (inbox.pop()) ++got;
+  }
+  ASSERT_TRUE(wait_until(dev, [&] {
+    while (inbox.pop()) ++got;
+    return got == kMessages;
+  }));
+  const ferry::DeviceFootprint d = dev.footprint();
+  expect_consistent(d, "after traffic");
+  EXPECT_GE(d.packets_made, before) << "packets once made stay made";
+  EXPECT_GT(d.packets_made, 0u) << "64 messages of 2000 bytes in and out";
+  EXPECT_GE(d.packet_bytes, d.packets_made * rt().options().settings.packet_size);
+  rt().barrier();
+}
+
+// FERRY_OFI_RXM_RX reaches ofi_rxm as FI_OFI_RXM_MSG_RX_SIZE, unless the user set that first.
+TEST(Footprint, TheOfiBackendSizesRxmsReceiveBuffersUnlessTheEnvironmentDoes) {
+  if (rt().transport().find("ofi") == std::string::npos) GTEST_SKIP() << "no ofi backend in this job";
+  const char* env = std::getenv("FI_OFI_RXM_MSG_RX_SIZE");
+  const std::string now = env != nullptr ? env : "";
+  const std::string option = rt().options().value("ofi_rxm_rx");
+  if (!kRxmRxAtStart.empty()) {
+    EXPECT_EQ(now, kRxmRxAtStart) << "the environment's own value stands";
+  } else {
+    EXPECT_EQ(now, option == "0" ? "" : option) << "FERRY_OFI_RXM_RX=" << option;
+  }
+  rt().barrier();
+}
