@@ -1,11 +1,11 @@
 // Runtime::footprint on every transport: what the devices made, the peers they connected, the
 // bootstrap reads start-up made and the keepalive's links, checked against the job's shape.
-#include <unistd.h>
-
-#include <array>
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
+#include "core/job_plan.hpp"
 #include "mp_common.hpp"
 
 using namespace mp;
@@ -21,10 +21,7 @@ const std::string kRxmRxAtStart = [] {
 // The host this rank counts as on: FERRY_HOST, or the machine's name (as start-up decides).
 std::string my_host() {
   const std::string& set = rt().options().settings.host;
-  if (!set.empty()) return set;
-  std::array<char, 256> name{};
-  ::gethostname(name.data(), name.size() - 1);
-  return name.data();
+  return set.empty() ? ferry::detail::hostname() : set;
 }
 
 bool job_spans_hosts() {
@@ -65,33 +62,46 @@ TEST(Footprint, CountsTheConnectedPeersAndTheBootstrapReadsOfStartUp) {
   rt().barrier();
 }
 
+// Messages the application holds keep their packets: a device holding more than it made at
+// start must have made more, and never more than FERRY_PACKETS.
 TEST(Footprint, PacketsAreMadeAsTrafficNeedsThemAndNeverBeyondTheLimit) {
   ferry::Device& dev = rt().device();
   ferry::CompletionQueue inbox;
   ferry::Exposure ex = rt().expose(inbox, 11);
   rt().barrier();
   const std::size_t before = dev.footprint().packets_made;
-  constexpr int kMessages = 64;
+  // Held at once, the same on every rank (each receives what its left neighbour sends): more
+  // than any rank made before, a quarter of the limit at most (the 16-packet runs must keep
+  // packets to send and receive with).
+  const std::vector<std::size_t> made = allgather("test.footprint.made", before);
+  const std::size_t most = *std::max_element(made.begin(), made.end());
+  const std::size_t held_max = std::min<std::size_t>(most + 64, dev.footprint().packets_max / 4);
   std::vector<unsigned char> out(2000);
   fill(out, rt().rank());
-  int got = 0;
-  for (int i = 0; i < kMessages; ++i) {
+  std::vector<ferry::Completion> held;
+  const auto take = [&] {
+    while (auto c = inbox.pop()) held.push_back(std::move(*c));
+  };
+  for (std::size_t i = 0; i < held_max; ++i) {
     const ferry::Status s = post_retry(dev, [&] {
       return dev.post_am({.rank = right(), .buffer = out.data(), .size = out.size(), .target = {11},
                           .tag = static_cast<ferry::Tag>(i)});
     });
     ASSERT_FALSE(s.is_failed()) << "peer " << s.rank << " failed";
-    while (inbox.pop()) ++got;
+    take();
   }
   ASSERT_TRUE(wait_until(dev, [&] {
-    while (inbox.pop()) ++got;
-    return got == kMessages;
+    take();
+    return held.size() == held_max;
   }));
   const ferry::DeviceFootprint d = dev.footprint();
-  expect_consistent(d, "after traffic");
+  expect_consistent(d, "holding messages");
+  EXPECT_GE(d.packets_made, held_max) << "each message held keeps a packet";
   EXPECT_GE(d.packets_made, before) << "packets once made stay made";
-  EXPECT_GT(d.packets_made, 0u) << "64 messages of 2000 bytes in and out";
-  EXPECT_GE(d.packet_bytes, d.packets_made * rt().options().settings.packet_size);
+  EXPECT_EQ(d.packet_bytes % d.packets_made, 0u);
+  EXPECT_GT(d.packet_bytes / d.packets_made, rt().options().settings.packet_size) << "a packet's header and payload";
+  EXPECT_EQ(first_mismatch(held.back().buffer.data(), out.size(), left(), out.size()), -1);
+  held.clear();
   rt().barrier();
 }
 
