@@ -112,7 +112,8 @@ def main():
                     parts = tuple(statistics.median(r.get(k, -1) for r in rows)
                                   for k in ("rss_anon_kib", "rss_file_kib", "rss_shmem_kib", "pss_kib",
                                             # ferry's own account (Runtime::footprint); -1 for MPI
-                                            "bootstrap_reads", "peers_connected", "packet_bytes", "keepalive_links"))
+                                            "bootstrap_reads", "peers_connected", "packet_bytes", "keepalive_links",
+                                            "address_reads"))
                     jobs.setdefault((impl, n), []).append((wall, rss, init) + parts)
                     print(f"[{k:3}/{total}] {NAMES[impl]:14} n={n:<4} rep {rep + 1}  {wall:6.2f} s  "
                           f"rss {rss / 1024:6.1f} MiB  init {init:6.3f} s", flush=True)
@@ -137,7 +138,8 @@ def main():
                          "bootstrap_reads": statistics.median(x[7] for x in v) if v else None,
                          "peers_connected": statistics.median(x[8] for x in v) if v else None,
                          "packet_mib": statistics.median(x[9] for x in v) / 2**20 if v else None,
-                         "keepalive_links": statistics.median(x[10] for x in v) if v else None})
+                         "keepalive_links": statistics.median(x[10] for x in v) if v else None,
+                         "address_reads": statistics.median(x[11] for x in v) if v else None})
     summary = {"timestamp": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "reps": args.reps,
                "hosts": args.hosts, "load_start": load_start, "load_end": os.getloadavg()[0],
                "c2c_ns_start": c2c_start, "c2c_ns_end": benchkit.c2c_probe(bin_dir),
@@ -182,12 +184,13 @@ def main():
     ferry_impls = [i for i in args.impls if i.startswith("ferry")]
     if ferry_impls:
         lines += ["", "ferry's account of itself after the barrier (Runtime::footprint, median rank): bootstrap "
-                  "reads at start-up / peers connected / MiB of packets made / keepalive links.", "",
+                  "reads / of them peers' addresses / peers connected / MiB of packets made / keepalive links.", "",
                   "| ranks | " + " | ".join(NAMES[i] for i in ferry_impls) + " |",
                   "|---|" + "---|" * len(ferry_impls)]
         for n in args.ranks:
             lines.append(f"| {n} | " + " | ".join(
-                " / ".join(cell(i, n, k, f) for k, f in (("bootstrap_reads", "%d"), ("peers_connected", "%d"),
+                " / ".join(cell(i, n, k, f) for k, f in (("bootstrap_reads", "%d"), ("address_reads", "%d"),
+                                                          ("peers_connected", "%d"),
                                                           ("packet_mib", "%.1f"), ("keepalive_links", "%d")))
                 for i in ferry_impls) + " |")
     (out / "table.md").write_text("\n".join(lines) + "\n")

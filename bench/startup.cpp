@@ -5,7 +5,7 @@
 // finalize_s, maxrss_kib (the process's peak resident set, getrusage, read after finalize), and
 // after the barrier the resident set by kind (rss_anon_kib, rss_file_kib, rss_shmem_kib) and
 // the proportional set size (pss_kib; see rss_parts.hpp), and ferry's own account of it
-// (Runtime::footprint: bootstrap_reads, keepalive_links, and summed over the devices
+// (Runtime::footprint: bootstrap_reads, address_reads, keepalive_links, and summed over the devices
 // peers_connected, packets_made, packet_bytes, descriptor_bytes). The launcher's wall time around the whole job is the driver's (bench/scale.py),
 // beside ferry-mpi-startup's numbers for MPICH and Open MPI.
 //   build/bin/ferryrun -n 16 build/bin/ferry-startup
@@ -57,6 +57,7 @@ int main() {
       j["pss_kib"] = parts.pss_kib;
       const ferry::Footprint f = rt.footprint();
       j["bootstrap_reads"] = f.bootstrap_reads;
+      j["address_reads"] = f.address_reads;
       j["keepalive_links"] = f.keepalive_links;
       std::size_t peers = 0, packets = 0, packet_bytes = 0, descriptor_bytes = 0;
       for (const ferry::DeviceFootprint& d : f.devices) {

@@ -304,6 +304,7 @@ struct RuntimeOptions {
   int peer_check_ms = 0;
   std::string peer_timeout_ms{};  // milliseconds as text; "0": off
   std::string launcher_watch{};  // on, off
+  std::string connect{};  // lazy, eager
   std::string lock_model{};
   std::string completion{};
   std::string progress{};
@@ -334,6 +335,9 @@ enum class [[deprecated("the shm backend's row shm_copy: options().value(\"shm_c
 // do either: the receiver reads, or the sender writes on request (`automatic`: writes into
 // buffers on 2 MiB pages).
 enum class RdvRead : std::uint8_t { automatic, read, push };
+// When a device's network transport connects a peer: on the first operation to it, or every
+// peer at start-up.
+enum class ConnectMode : std::uint8_t { lazy, eager };
 // sync is the ferry parcelport's mechanism; the core's queues use the array ring for it.
 enum class CompletionMechanism : std::uint8_t { cq, cq_ms, cq_lock, sync };
 // thread:N is carried out by the core (N progress threads), the others by the layer above.
@@ -373,6 +377,7 @@ struct RuntimeSettings {
   int peer_check_ms = 0;
   int peer_timeout_ms = 0;  // 0: no keepalive
   bool launcher_watch = true;
+  ConnectMode connect = ConnectMode::lazy;
   LockModel lock_model = LockModel::lockless;
   CompletionMechanism completion = CompletionMechanism::cq;
   CountedChoice<ProgressMode> progress{};  // count: N of thread:N, else 0

@@ -151,13 +151,18 @@ struct DeviceFootprint {
   std::size_t packet_bytes = 0;        // bytes of the packets made (headers and payloads)
   std::size_t descriptors_made = 0;    // descriptors of posted receives made so far
   std::size_t descriptor_bytes = 0;
-  std::size_t peers_connected = 0;     // peers with an endpoint, over the device's transports
+  // Peers with an endpoint over the device's transports: every peer at start-up, or, where a
+  // transport connects on first use (FERRY_CONNECT=lazy), those operations went to so far.
+  std::size_t peers_connected = 0;
 };
 
 // The runtime's footprint: each device's, and what start-up read and the keepalive connected.
 struct Footprint {
   std::vector<DeviceFootprint> devices;
   std::size_t bootstrap_reads = 0;    // the runtime's own bootstrap get()s (kv_get not counted)
+  // Of those, the reads of peers' addresses (the devices' and the keepalive's): at start-up,
+  // and by each connect on first use since.
+  std::size_t address_reads = 0;
   std::size_t keepalive_links = 0;    // peers of the keepalive's channel (its ring's links)
 };
 

@@ -65,12 +65,14 @@ std::string DeviceImpl::describe_peer(int rank) const {
 std::size_t DeviceImpl::in_flight() const noexcept { return context_in_flight() + fragments_.backlog(); }
 
 DeviceFootprint DeviceImpl::footprint() const noexcept {
+  std::size_t peers = peers_connected_;
+  for (const net::Transport* t : on_demand_) peers += t->peers_connected();
   return DeviceFootprint{.packets_made = pool_->made(),
                          .packets_max = pool_->count(),
                          .packet_bytes = pool_->made_bytes(),
                          .descriptors_made = recv_descriptors_->made(),
                          .descriptor_bytes = recv_descriptors_->made_bytes(),
-                         .peers_connected = peers_connected_};
+                         .peers_connected = peers};
 }
 
 }  // namespace ferry::detail

@@ -110,8 +110,10 @@ class DeviceImpl : public DeviceContext {
   std::size_t in_flight() const noexcept;
   std::uint64_t delivered_inline() const noexcept { return inline_count_.load(std::memory_order_relaxed); }
   DeviceFootprint footprint() const noexcept;
-  // Start-up: the peers given an address on this device's transports.
+  // Start-up: the peers given an address on this device's transports that connected them all,
+  // and those that connect on first use (their own count).
   void set_peers_connected(std::size_t n) noexcept { peers_connected_ = n; }
+  void add_connecting_on_demand(const net::Transport* t) { on_demand_.push_back(t); }
   // Whether the calling thread is inside this device's progress (a Handler's callback, say,
   // or a call nested in one): what only this progress call can take in cannot arrive while
   // the caller waits for it there.
@@ -216,6 +218,7 @@ class DeviceImpl : public DeviceContext {
   std::exception_ptr inline_error_;    // thrown inside on_inline, rethrown by progress
   std::uint32_t failures_seen_ = 0;    // the runtime's failure count last acted on
   std::size_t peers_connected_ = 0;    // set at start-up, read by footprint()
+  std::vector<const net::Transport*> on_demand_;  // likewise
   // Packets for the messages lent transports hand over (Link::lends): a lent message is
   // copied into one during its delivery. Each poll of such a transport lends at most
   // spare_count_ messages, so the device never takes a message it has no packet for; refilled

@@ -319,6 +319,13 @@ const RuntimeOptionTable& runtime_option_table() {
                   "under a launcher (PMI-1, PMIx), end this rank when its parent process (the launcher or its "
                   "daemon) ends, as progress sees it every FERRY_PEER_CHECK_MS: no rank outlives a killed mpirun"},
                  &O::launcher_watch, &S::launcher_watch),
+          option({"connect", "FERRY_CONNECT", T::choice, "lazy", {"lazy", "eager"}, 0, 0, nullptr,
+                  "when a device connects a peer it reaches over a network backend: lazy (its address is read "
+                  "from the bootstrap and its endpoint made by the first operation to it, so a rank that talks "
+                  "to k peers makes k endpoints), eager (every peer at start-up); ferry's shm and UCX "
+                  "connect the peers of this host at start-up either way, and a libfabric provider that names "
+                  "senders by their addresses (FI_SOURCE) every peer"},
+                 &O::connect, &S::connect),
           option({"lock_model", "FERRY_LOCK_MODEL", T::choice, "lockless",
                   {"lockless", "trylock", "block", "lockq", "csync", "offload", "serialized"}, 0, 0, nullptr,
                   "lock model (how threads share a device): lockless, trylock, block, lockq, csync, offload, "

@@ -128,10 +128,24 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
     DeviceImpl& dev = *devices_[static_cast<std::size_t>(d)];
     std::size_t peers = 0;
     for (std::size_t t = 0; t < dev.transport_count(); ++t) {
+      const std::string key = "ferry.ep." + std::to_string(d) + "." + std::to_string(t);
+      std::vector<bool> reached(static_cast<std::size_t>(size_));
+      for (int r = 0; r < size_; ++r) {
+        reached[static_cast<std::size_t>(r)] = route[static_cast<std::size_t>(r)] == static_cast<int>(t);
+      }
+      // On first use over the network backend, whose peers may be the whole job; a host's
+      // backend has at most a host's ranks, and ferry's shm unlinks its segments once every
+      // peer attached, at start-up, so that a killed job leaves none behind.
+      if (config_.connect == ConnectMode::lazy && static_cast<int>(t) == network_index &&
+          dev.transport(t).connect_on_demand(reached, address_lookup(key))) {
+        dev.add_connecting_on_demand(&dev.transport(t));
+        continue;
+      }
       std::vector<std::string> addresses(static_cast<std::size_t>(size_));
       for (int r = 0; r < size_; ++r) {
-        if (route[static_cast<std::size_t>(r)] != static_cast<int>(t)) continue;
-        addresses[static_cast<std::size_t>(r)] = counted.get(r, "ferry.ep." + std::to_string(d) + "." + std::to_string(t));
+        if (!reached[static_cast<std::size_t>(r)]) continue;
+        addresses[static_cast<std::size_t>(r)] = counted.get(r, key);
+        ++address_reads_;
         if (r != rank_) ++peers;
       }
       dev.transport(t).connect(addresses);
@@ -143,6 +157,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   if (HeartbeatChannel* heartbeats = failures_->heartbeats()) {
     std::vector<std::string> addresses(static_cast<std::size_t>(size_));
     for (int r : links) addresses[static_cast<std::size_t>(r)] = counted.get(r, "ferry.alive");
+    address_reads_ += links.size();
     keepalive_links_ = links.size();
     heartbeats->connect(addresses);
   }
@@ -165,8 +180,29 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   }
 }
 
+net::AddressLookup RuntimeImpl::address_lookup(std::string key) {
+  return [this, key = std::move(key)](int rank, std::string& address) noexcept -> int {
+    const std::unique_lock<std::mutex> hold(boot_mutex_, std::try_to_lock);
+    if (!hold.owns_lock()) return -EAGAIN;
+    try {
+      address = boot_->get(rank, key);
+    } catch (const std::exception& e) {
+      FERRY_LOG_AT(error, rank_, -1, "connecting rank %d: its address (%s): %s", rank, key.c_str(), e.what());
+      return -EHOSTUNREACH;
+    }
+    lazy_reads_.fetch_add(1, std::memory_order_relaxed);
+    if (!address.empty()) return 0;
+    FERRY_LOG_AT(error, rank_, -1, "connecting rank %d: it published no address (%s)", rank, key.c_str());
+    return -EHOSTUNREACH;
+  };
+}
+
 Footprint RuntimeImpl::footprint() const {
-  Footprint f{.devices = {}, .bootstrap_reads = bootstrap_reads_, .keepalive_links = keepalive_links_};
+  const std::size_t lazy = lazy_reads_.load(std::memory_order_relaxed);
+  Footprint f{.devices = {},
+              .bootstrap_reads = bootstrap_reads_ + lazy,
+              .address_reads = address_reads_ + lazy,
+              .keepalive_links = keepalive_links_};
   for (const auto& d : devices_) f.devices.push_back(d->footprint());
   return f;
 }

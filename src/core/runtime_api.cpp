@@ -44,12 +44,19 @@ void Runtime::barrier() {
 std::vector<int> Runtime::failed_ranks() const { return impl_->failures().failed_ranks(); }
 Footprint Runtime::footprint() const { return impl_->footprint(); }
 std::uint32_t Runtime::failure_count() const noexcept { return impl_->failures().failure_count(); }
-void Runtime::kv_put(const std::string& key, const std::string& value) { impl_->boot().put(key, value); }
-void Runtime::kv_fence() { impl_->boot().fence(); }
+void Runtime::kv_put(const std::string& key, const std::string& value) {
+  const std::lock_guard<std::mutex> hold(impl_->boot_mutex());
+  impl_->boot().put(key, value);
+}
+void Runtime::kv_fence() {
+  const std::lock_guard<std::mutex> hold(impl_->boot_mutex());
+  impl_->boot().fence();
+}
 std::string Runtime::kv_get(int rank, const std::string& key) {
   if (rank < 0 || rank >= size()) {
     throw Error("kv_get: rank=" + std::to_string(rank) + " is out of range; the job has " + std::to_string(size()) + " ranks");
   }
+  const std::lock_guard<std::mutex> hold(impl_->boot_mutex());
   return impl_->boot().get(rank, key);
 }
 

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,11 @@ class RuntimeImpl final : private BarrierDevices {
   const Config& config() const noexcept { return config_; }
   const Resolved<RuntimeSettings>& options() const noexcept { return options_; }
   bootstrap::Bootstrap& boot() { return *boot_; }
+  // After start-up the bootstrap is shared by the application's kv calls and the transports'
+  // connects on first use (address_lookup): whoever uses it holds this. A connect only tries it
+  // (busy: the post answers retry), so a rank inside kv_fence makes no new connection until
+  // the fence returns.
+  std::mutex& boot_mutex() noexcept { return boot_mutex_; }
   // The network backend's provider ("tcp;ofi_rxm", "ucx"), or "none" when no peer is reached
   // through a network backend.
   std::string provider() const { return network_ != nullptr ? network_->provider() : "none"; }
@@ -68,8 +74,15 @@ class RuntimeImpl final : private BarrierDevices {
 
   Resolved<RuntimeSettings> options_;
   const Config& config_ = options_.settings;  // the typed values of options_
+  // A connect on first use's lookup of `key` ("ferry.ep.<device>.<transport>").
+  net::AddressLookup address_lookup(std::string key);
+
   std::unique_ptr<bootstrap::Bootstrap> boot_;
+  std::mutex boot_mutex_;
   std::size_t bootstrap_reads_ = 0;  // start-up's (Footprint)
+  std::size_t address_reads_ = 0;    // start-up's reads of peers' addresses
+  // Reads of connects on first use since. Relaxed: counts for the footprint.
+  std::atomic<std::size_t> lazy_reads_{0};
   std::size_t keepalive_links_ = 0;
   int rank_ = 0;
   int size_ = 1;

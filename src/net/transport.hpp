@@ -34,6 +34,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -130,6 +131,12 @@ struct Event {
 // Plain data, so a poll array may be raw storage in which the events are created implicitly.
 static_assert(std::is_aggregate_v<Event> && std::is_trivially_copyable_v<Event> && std::is_trivially_destructible_v<Event>);
 
+// Where a transport that connects on first use (Transport::connect_on_demand) learns a peer's
+// address: 0 and the address; -EAGAIN when it cannot be read now (another thread is reading the
+// bootstrap: the post answers retry); another negative errno value when it cannot be had (the
+// post fails as to a failed peer). Never throws; any thread may call it, concurrently.
+using AddressLookup = std::function<int(int rank, std::string& address)>;
+
 // Where a transport that delivers inline (Caps::delivers_inline) hands an arrived message.
 struct InlineSink {
   void (*deliver)(void* owner, void* link, const Event& e) = nullptr;
@@ -147,6 +154,16 @@ class Transport {
   // addresses[r] is rank r's address on this transport, or "" for ranks another transport
   // reaches; afterwards posts to every rank with an address work.
   virtual void connect(const std::vector<std::string>& addresses) = 0;
+  // Connect on first use (FERRY_CONNECT=lazy), called in place of connect(): the ranks with
+  // reached[r] are this transport's, and each is connected (its address read through `lookup`,
+  // its endpoint made) by the first post to it, from any thread. A post that finds another
+  // thread connecting a peer answers -EAGAIN; a post to a connected peer pays one load more
+  // than under connect(). A message from a peer not yet connected arrives as from any other
+  // (the core names its sender from the header). Returns false where the backend cannot (it
+  // names senders from the addresses it holds, FI_SOURCE): the core then calls connect().
+  virtual bool connect_on_demand(const std::vector<bool>& /*reached*/, AddressLookup /*lookup*/) { return false; }
+  // Peers connected so far, after connect_on_demand (for the footprint; relaxed).
+  virtual std::size_t peers_connected() const noexcept { return 0; }
   // Every rank of the job has connected (called after a job-wide fence).
   virtual void connected() {}
 

@@ -55,7 +55,8 @@ int print_footprint() {
     ferry::Runtime rt;
     const ferry::Footprint f = rt.footprint();
     std::printf("footprint of a fresh one-rank runtime (transport %s):\n", rt.options().value("transport").c_str());
-    std::printf("  bootstrap reads %zu, keepalive links %zu\n", f.bootstrap_reads, f.keepalive_links);
+    std::printf("  bootstrap reads %zu (peers' addresses %zu), keepalive links %zu\n", f.bootstrap_reads, f.address_reads,
+                f.keepalive_links);
     for (std::size_t d = 0; d < f.devices.size(); ++d) {
       const ferry::DeviceFootprint& x = f.devices[d];
       std::printf("  device %zu: packets %zu of %zu made (%zu bytes), receive descriptors %zu made (%zu bytes), "

@@ -19,7 +19,7 @@ class OfiBackend final : public Backend {
  public:
   explicit OfiBackend(std::unique_ptr<Fabric> fabric) : fabric_(std::move(fabric)) {}
   // The keepalive's endpoint is one more endpoint of the same fabric.
-  std::unique_ptr<Transport> make_transport(const TransportParams&) override { return ofi::make_transport(*fabric_); }
+  std::unique_ptr<Transport> make_transport(const TransportParams& p) override { return ofi::make_transport(*fabric_, p.rank); }
   std::string provider() const override { return fabric_->caps().provider; }
 
  private:

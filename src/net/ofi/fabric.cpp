@@ -221,6 +221,13 @@ std::vector<fi_addr_t> Endpoint::insert_addresses(const std::vector<std::string>
   return out;
 }
 
+int Endpoint::insert_address(const std::string& address, fi_addr_t& out) noexcept {
+  out = FI_ADDR_NOTAVAIL;
+  const int n = fi_av_insert(av_, address.data(), 1, &out, 0, nullptr);
+  if (n == 1) return 0;
+  return n < 0 ? n : -FI_EINVAL;
+}
+
 fid_mr* Endpoint::register_memory(const void* buf, std::size_t len, std::uint64_t access) {
   const FabricInfo& caps = fabric_.caps();
   fid_mr* mr = nullptr;

@@ -84,6 +84,9 @@ class Endpoint {
   // Inserts the non-empty addresses[r]; returns each rank's fi_addr_t (FI_ADDR_NOTAVAIL for
   // ranks without an address).
   std::vector<fi_addr_t> insert_addresses(const std::vector<std::string>& addresses);
+  // Inserts one address (a peer connected on first use): 0 and its fi_addr_t, or the
+  // provider's negative error. Never throws; any thread (the domain is FI_THREAD_SAFE).
+  int insert_address(const std::string& address, fi_addr_t& out) noexcept;
 
   // Registers [buf, buf+len) with `access` (FI_SEND | FI_RECV | FI_READ | FI_REMOTE_READ ...),
   // obeying FI_MR_ENDPOINT and FI_MR_PROV_KEY. Throws ferry::Error on failure.

@@ -6,7 +6,9 @@
 
 #include <cerrno>
 #include <chrono>
+#include <atomic>
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <unordered_set>
 
@@ -67,7 +69,7 @@ inline void* fi_ctx(OpContext* ctx) noexcept { return ctx->backend; }
 
 class OfiTransport final : public Transport {
  public:
-  explicit OfiTransport(Fabric& fabric) : endpoint_(fabric, 0) {
+  OfiTransport(Fabric& fabric, int rank) : endpoint_(fabric, 0), rank_(rank) {
     const FabricInfo& f = fabric.caps();
     caps_.name = "ofi/" + f.provider;
     caps_.inject_size = f.inject_size;
@@ -86,41 +88,68 @@ class OfiTransport final : public Transport {
   std::string address() const override { return endpoint_.address(); }
 
   void connect(const std::vector<std::string>& addresses) override {
-    to_ = endpoint_.insert_addresses(addresses);
+    const std::vector<fi_addr_t> to = endpoint_.insert_addresses(addresses);
+    make_table(to.size());
+    // Published to posts by the job's bootstrap fence, as the addresses are.
+    for (std::size_t r = 0; r < to.size(); ++r) to_[r].store(to[r], std::memory_order_relaxed);
     // FI_SOURCE reports fi_addr_t values; the inverse table names their ranks.
-    for (std::size_t r = 0; r < to_.size(); ++r) {
-      if (to_[r] == FI_ADDR_NOTAVAIL) continue;
-      if (to_[r] >= from_.size()) from_.resize(to_[r] + 1, -1);
-      from_[to_[r]] = static_cast<int>(r);
+    for (std::size_t r = 0; r < to.size(); ++r) {
+      if (to[r] == FI_ADDR_NOTAVAIL) continue;
+      if (to[r] >= from_.size()) from_.resize(to[r] + 1, -1);
+      from_[to[r]] = static_cast<int>(r);
     }
   }
 
+  // FI_SOURCE names a sender by its entry in the address vector: one never inserted would be
+  // nameless, so such a provider connects eagerly.
+  bool connect_on_demand(const std::vector<bool>& reached, AddressLookup lookup) override {
+    if (caps_.reports_source) return false;
+    make_table(reached.size());
+    reached_ = reached;
+    lookup_ = std::move(lookup);
+    return true;
+  }
+
+  std::size_t peers_connected() const noexcept override { return connected_.load(std::memory_order_relaxed); }
+
   int inject(int rank, const void* buf, std::size_t len) override {
-    return to_errno(fi_inject(endpoint_.ep(), buf, len, to_[rank]));
+    fi_addr_t a;
+    if (const int rc = address_of(rank, a); __builtin_expect(rc != 0, 0)) return rc;
+    return to_errno(fi_inject(endpoint_.ep(), buf, len, a));
   }
   int send(int rank, const void* buf, std::size_t len, void* desc, OpContext* ctx) override {
-    return to_errno(fi_send(endpoint_.ep(), buf, len, desc, to_[rank], fi_ctx(ctx)));
+    fi_addr_t a;
+    if (const int rc = address_of(rank, a); __builtin_expect(rc != 0, 0)) return rc;
+    return to_errno(fi_send(endpoint_.ep(), buf, len, desc, a, fi_ctx(ctx)));
   }
   int post_recv(void* buf, std::size_t len, void* desc, OpContext* ctx) override {
     return to_errno(fi_recv(endpoint_.ep(), buf, len, desc, FI_ADDR_UNSPEC, fi_ctx(ctx)));
   }
   int put(int rank, const void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
           OpContext* ctx) override {
+    fi_addr_t a;
+    if (const int rc = address_of(rank, a); __builtin_expect(rc != 0, 0)) return rc;
     track(ctx, rank);
-    return tracked_result(ctx, fi_write(endpoint_.ep(), buf, len, desc, to_[rank], addr, key, fi_ctx(ctx)));
+    return tracked_result(ctx, fi_write(endpoint_.ep(), buf, len, desc, a, addr, key, fi_ctx(ctx)));
   }
   int put_data(int rank, const void* buf, std::size_t len, void* desc, std::uint64_t data, std::uint64_t addr,
                std::uint64_t key, OpContext* ctx) override {
+    fi_addr_t a;
+    if (const int rc = address_of(rank, a); __builtin_expect(rc != 0, 0)) return rc;
     track(ctx, rank);
-    return tracked_result(ctx, fi_writedata(endpoint_.ep(), buf, len, desc, data, to_[rank], addr, key, fi_ctx(ctx)));
+    return tracked_result(ctx, fi_writedata(endpoint_.ep(), buf, len, desc, data, a, addr, key, fi_ctx(ctx)));
   }
   int inject_put(int rank, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key) override {
-    return to_errno(fi_inject_write(endpoint_.ep(), buf, len, to_[rank], addr, key));
+    fi_addr_t a;
+    if (const int rc = address_of(rank, a); __builtin_expect(rc != 0, 0)) return rc;
+    return to_errno(fi_inject_write(endpoint_.ep(), buf, len, a, addr, key));
   }
   int get(int rank, void* buf, std::size_t len, void* desc, std::uint64_t addr, std::uint64_t key,
           OpContext* ctx) override {
+    fi_addr_t a;
+    if (const int rc = address_of(rank, a); __builtin_expect(rc != 0, 0)) return rc;
     track(ctx, rank);
-    return tracked_result(ctx, fi_read(endpoint_.ep(), buf, len, desc, to_[rank], addr, key, fi_ctx(ctx)));
+    return tracked_result(ctx, fi_read(endpoint_.ep(), buf, len, desc, a, addr, key, fi_ctx(ctx)));
   }
 
   void peer_failed(int rank) override {
@@ -205,6 +234,38 @@ class OfiTransport final : public Transport {
   }
 
  private:
+  void make_table(std::size_t n) {
+    to_ = std::make_unique<std::atomic<fi_addr_t>[]>(n);
+    for (std::size_t r = 0; r < n; ++r) to_[r].store(FI_ADDR_NOTAVAIL, std::memory_order_relaxed);
+  }
+
+  // The peer's fi_addr_t: one acquire load, paired with reach()'s release store, so a post that
+  // sees an entry also sees its address-vector insert. FI_ADDR_NOTAVAIL: not yet connected.
+  int address_of(int rank, fi_addr_t& a) noexcept {
+    a = to_[static_cast<std::size_t>(rank)].load(std::memory_order_acquire);
+    return __builtin_expect(a != FI_ADDR_NOTAVAIL, 1) ? 0 : reach(rank, a);
+  }
+
+  // Connects `rank` on its first post. One thread at a time: a post that finds another one
+  // here answers -EAGAIN (retry) rather than wait on a lock.
+  [[gnu::cold, gnu::noinline]] int reach(int rank, fi_addr_t& a) noexcept {
+    const auto r = static_cast<std::size_t>(rank);
+    if (!lookup_ || r >= reached_.size() || !reached_[r]) return -EHOSTUNREACH;  // not this transport's
+    std::unique_lock<std::mutex> hold(connect_mutex_, std::try_to_lock);
+    if (!hold.owns_lock()) return -EAGAIN;
+    a = to_[r].load(std::memory_order_relaxed);  // connected while this thread waited
+    if (a != FI_ADDR_NOTAVAIL) return 0;
+    std::string address;
+    if (const int rc = lookup_(rank, address); rc != 0) return rc;
+    if (const int rc = endpoint_.insert_address(address, a); rc != 0) {
+      FERRY_LOG(error, "ofi: rank %d's address: %s", rank, fi_strerror(-rc));
+      return -EHOSTUNREACH;
+    }
+    if (rank != rank_) connected_.fetch_add(1, std::memory_order_relaxed);
+    to_[r].store(a, std::memory_order_release);
+    return 0;
+  }
+
   int rank_of(fi_addr_t a) const noexcept {
     return a < from_.size() ? from_[a] : -1;
   }
@@ -220,8 +281,14 @@ class OfiTransport final : public Transport {
   bool settle(OpContext* ctx) noexcept { return rma_.tracking() && rma_.settle(ctx); }
 
   Endpoint endpoint_;
-  std::vector<fi_addr_t> to_;  // by rank; written by connect, read-only afterwards
-  std::vector<int> from_;      // by fi_addr_t
+  const int rank_;
+  // By rank: written by connect (then read-only), or once per peer by reach().
+  std::unique_ptr<std::atomic<fi_addr_t>[]> to_;
+  std::vector<int> from_;      // by fi_addr_t; connect's only (FI_SOURCE never connects on demand)
+  std::vector<bool> reached_;  // connect_on_demand's: the ranks this transport reaches
+  AddressLookup lookup_;
+  std::mutex connect_mutex_;  // reach()'s, taken with try_lock
+  std::atomic<std::size_t> connected_{0};  // relaxed: a count for the footprint
   std::uint64_t anonymous_errors_ = 0;  // the poll lock holder's
   AbandonTracker rma_;  // RMA operations in flight, and a failed peer's given up
   // A peer failed over rxm: close() leaves the endpoint open (Endpoint::abandon). Other
@@ -233,6 +300,6 @@ class OfiTransport final : public Transport {
 
 std::unique_ptr<Fabric> open_fabric(const std::string& provider) { return std::make_unique<Fabric>(provider); }
 
-std::unique_ptr<Transport> make_transport(Fabric& fabric) { return std::make_unique<OfiTransport>(fabric); }
+std::unique_ptr<Transport> make_transport(Fabric& fabric, int rank) { return std::make_unique<OfiTransport>(fabric, rank); }
 
 }  // namespace ferry::net::ofi

@@ -20,6 +20,7 @@ namespace ferry::net::ofi {
 // is not shared-memory-only). Throws ferry::Error naming the provider when nothing fits.
 std::unique_ptr<Fabric> open_fabric(const std::string& provider);
 
-std::unique_ptr<Transport> make_transport(Fabric& fabric);
+// `rank`: this process's (a connect on first use counts its peers, not itself).
+std::unique_ptr<Transport> make_transport(Fabric& fabric, int rank);
 
 }  // namespace ferry::net::ofi

@@ -146,7 +146,11 @@ void UcxTransport::send_replies() {
   replies.swap(replies_);
   for (const Reply& q : replies) {
     ucp_ep_h ep = ep_of(q.to);
-    if (ep == nullptr) continue;
+    if (ep == nullptr) {  // a requester not yet connected is connected back
+      const int rc = reach_held(q.to, ep);
+      if (rc == -EAGAIN) replies_.push_back(q);  // the bootstrap is busy: the next poll tries again
+      if (rc != 0) continue;                     // else failed meanwhile: nobody to answer
+    }
     auto* out = new ReplyMessage;
     out->head = KeyReply{rank_, 0, q.key};
     {

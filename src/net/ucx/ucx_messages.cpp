@@ -12,7 +12,9 @@ int UcxTransport::inject(int rank, const void* buf, std::size_t len) {
   if (__builtin_expect(rank == rank_, 0)) return loop_inject(buf, len);
   const PostHold hold(*this, rank);
   ucp_ep_h ep = hold.get();
-  if (__builtin_expect(ep == nullptr, 0)) return -EHOSTDOWN;
+  if (__builtin_expect(ep == nullptr, 0)) {
+    if (const int rc = reach_held(rank, ep); rc != 0) return rc;
+  }
   ucp_request_param_t p;
   p.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL | UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = UCP_AM_SEND_FLAG_EAGER;
@@ -37,7 +39,9 @@ int UcxTransport::send(int rank, const void* buf, std::size_t len, void*, OpCont
   if (__builtin_expect(rank == rank_, 0)) return loop_send(buf, len, ctx);
   const PostHold hold(*this, rank);
   ucp_ep_h ep = hold.get();
-  if (__builtin_expect(ep == nullptr, 0)) return -EHOSTDOWN;
+  if (__builtin_expect(ep == nullptr, 0)) {
+    if (const int rc = reach_held(rank, ep); rc != 0) return rc;
+  }
   ucp_request_param_t p = tracked(ctx, rank, op_send);
   p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = UCP_AM_SEND_FLAG_EAGER;

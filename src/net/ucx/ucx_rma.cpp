@@ -26,7 +26,9 @@ int UcxTransport::inject_put(int rank, const void* buf, std::size_t len, std::ui
   }
   const PostHold hold(*this, rank);
   ucp_ep_h ep = hold.get();
-  if (ep == nullptr) return -EHOSTDOWN;
+  if (__builtin_expect(ep == nullptr, 0)) {
+    if (const int rc = reach_held(rank, ep); rc != 0) return rc;
+  }
   if (am_rma(rank)) return am_put(rank, ep, buf, len, addr, key, nullptr, op_put, 0);
   ucp_rkey_h rkey = nullptr;
   if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;
@@ -54,7 +56,9 @@ int UcxTransport::get(int rank, void* buf, std::size_t len, void*, std::uint64_t
   }
   const PostHold hold(*this, rank);
   ucp_ep_h ep = hold.get();
-  if (ep == nullptr) return -EHOSTDOWN;
+  if (__builtin_expect(ep == nullptr, 0)) {
+    if (const int rc = reach_held(rank, ep); rc != 0) return rc;
+  }
   if (am_rma(rank)) return am_get(rank, ep, buf, len, addr, key, ctx);
   ucp_rkey_h rkey = nullptr;
   if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;
@@ -72,7 +76,9 @@ int UcxTransport::get_pushed(int rank, void* buf, std::size_t len, void* desc, s
   if (rank == rank_ || !am_rma(rank) || cma_pid(rank) == 0 || len == 0) return get(rank, buf, len, desc, addr, key, ctx);
   const PostHold hold(*this, rank);
   ucp_ep_h ep = hold.get();
-  if (ep == nullptr) return -EHOSTDOWN;
+  if (__builtin_expect(ep == nullptr, 0)) {
+    if (const int rc = reach_held(rank, ep); rc != 0) return rc;
+  }
   return am_get(rank, ep, buf, len, addr, key, ctx, true);
 }
 
@@ -98,7 +104,9 @@ int UcxTransport::put_flushed(int rank, const void* buf, std::size_t len, std::u
   }
   const PostHold hold(*this, rank);
   ucp_ep_h ep = hold.get();
-  if (ep == nullptr) return -EHOSTDOWN;
+  if (__builtin_expect(ep == nullptr, 0)) {
+    if (const int rc = reach_held(rank, ep); rc != 0) return rc;
+  }
   if (am_rma(rank)) return am_put(rank, ep, buf, len, addr, key, ctx, kind, data);
   ucp_rkey_h rkey = nullptr;
   if (const int rc = find_rkey(rank, ep, key, &rkey); rc != 0) return rc;

@@ -410,7 +410,11 @@ void UcxTransport::send_answers() {
 // False when UCX has no room now (a's offset says how far it got).
 bool UcxTransport::send_answer(Answer& a) {
   ucp_ep_h ep = ep_of(a.to);
-  if (ep == nullptr) return true;  // failed meanwhile: nobody to answer
+  if (ep == nullptr) {  // a requester not yet connected is connected back
+    const int rc = reach_held(a.to, ep);
+    if (rc == -EAGAIN) return false;  // the bootstrap is busy: the next poll tries again
+    if (rc != 0) return true;         // failed meanwhile: nobody to answer
+  }
   ucp_request_param_t p;
   if (away(a.to) && a.am == kAmGetReply) {
     auto* head = new (std::nothrow) RmaReply(a.reply);

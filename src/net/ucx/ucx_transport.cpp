@@ -1,9 +1,11 @@
 // ucx_transport.cpp — the UCX transport's setup and lifetime: the worker and its handlers, the
-// address, endpoints to every peer (with each one's RMA path: lane, active messages or
-// cross-memory attach), close, and a peer's failure (design in ucx_transport.hpp).
+// address, endpoints to every peer at start-up or each on its first post (with each one's RMA
+// path: lane, active messages or cross-memory attach), close, and a peer's failure (design in
+// ucx_transport.hpp).
 #include "net/ucx/ucx_transport.hpp"
 
 #include <charconv>
+#include <thread>
 
 #include "ferry/error.hpp"
 #include "net/util/cma.hpp"
@@ -76,41 +78,98 @@ std::string UcxTransport::address() const {
 
 void UcxTransport::connect(const std::vector<std::string>& addresses) {
   const detail::BiasedGuard guard(lock_);
-  const std::vector<bool>& away = away_;
-  eps_ = std::vector<std::atomic<ucp_ep_h>>(addresses.size());
-  am_rma_.assign(addresses.size(), 0);
-  cma_pid_.assign(addresses.size(), 0);
-  pieces_to_.assign(addresses.size(), 0);
+  make_tables(addresses.size());
   for (std::size_t r = 0; r < addresses.size(); ++r) {
-    const std::string& whole = addresses[r];
-    if (whole.empty()) continue;
-    const std::string text = whole.substr(0, whole.find('/'));
-    if (text.size() % 2 != 0) throw Error("ucx: rank " + std::to_string(r) + "'s worker address has odd length");
-    std::vector<unsigned char> bytes(text.size() / 2);
-    for (std::size_t i = 0; i < bytes.size(); ++i) {
-      const int hi = nibble(text[2 * i]), lo = nibble(text[2 * i + 1]);
-      if (hi < 0 || lo < 0) throw Error("ucx: rank " + std::to_string(r) + "'s worker address is not hexadecimal");
-      bytes[i] = static_cast<unsigned char>(hi << 4 | lo);
-    }
-    ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    ep.address = reinterpret_cast<const ucp_address_t*>(bytes.data());
-    const bool peer_mode = r < away.size() && away[r];
-    ep.err_mode = peer_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
-    if (peer_mode) {
-      ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      ep.err_handler.cb = &UcxTransport::on_ep_error;
-      ep.err_handler.arg = this;
-    }
-    ucp_ep_h handle = nullptr;
-    const ucs_status_t s = ucp_ep_create(worker_, &ep, &handle);
-    if (s != UCS_OK) throw Error("ucx: endpoint to rank " + std::to_string(r) + ": " + ucs_error("ucp_ep_create", s));
-    eps_[r].store(handle, std::memory_order_relaxed);  // published to posts by the job's bootstrap fence
-    // UCX's own RMA only where the endpoint has an RMA lane; elsewhere UCX would emulate it
-    // in software, with an abort when a requester dies (am_rma.hpp).
-    am_rma_[r] = has_rma_lane(handle) ? 0 : 1;
-    if (am_rma_[r] != 0 && !peer_mode && copy_ != ShmCopy::copy) cma_pid_[r] = cma_peer(static_cast<int>(r), whole);
+    if (!addresses[r].empty()) make_endpoint(r, addresses[r]);
   }
+}
+
+bool UcxTransport::connect_on_demand(const std::vector<bool>& reached, AddressLookup lookup) {
+  const detail::BiasedGuard guard(lock_);
+  make_tables(reached.size());
+  on_demand_.assign(reached.size(), false);
+  for (std::size_t r = 0; r < reached.size(); ++r) {
+    if (!reached[r]) continue;
+    if (r < away_.size() && away_[r]) {
+      on_demand_[r] = true;
+      continue;
+    }
+    std::string address;
+    int rc;
+    while ((rc = lookup(static_cast<int>(r), address)) == -EAGAIN) std::this_thread::yield();  // start-up: nobody else reads long
+    if (rc != 0) throw Error("ucx: rank " + std::to_string(r) + "'s address could not be read");
+    make_endpoint(r, address);
+  }
+  lookup_ = std::move(lookup);
+  return true;
+}
+
+void UcxTransport::make_tables(std::size_t n) {
+  eps_ = std::vector<std::atomic<ucp_ep_h>>(n);
+  am_rma_ = std::vector<std::atomic<char>>(n);
+  cma_pid_ = std::vector<std::atomic<pid_t>>(n);
+  pieces_to_.assign(n, 0);
+  gone_ = std::make_unique<std::atomic<bool>[]>(n);
+}
+
+void UcxTransport::make_endpoint(std::size_t r, const std::string& whole) {
+  const std::string text = whole.substr(0, whole.find('/'));
+  if (text.size() % 2 != 0) throw Error("ucx: rank " + std::to_string(r) + "'s worker address has odd length");
+  std::vector<unsigned char> bytes(text.size() / 2);
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    const int hi = nibble(text[2 * i]), lo = nibble(text[2 * i + 1]);
+    if (hi < 0 || lo < 0) throw Error("ucx: rank " + std::to_string(r) + "'s worker address is not hexadecimal");
+    bytes[i] = static_cast<unsigned char>(hi << 4 | lo);
+  }
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  ep.address = reinterpret_cast<const ucp_address_t*>(bytes.data());
+  const bool peer_mode = r < away_.size() && away_[r];
+  ep.err_mode = peer_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  if (peer_mode) {
+    ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.err_handler.cb = &UcxTransport::on_ep_error;
+    ep.err_handler.arg = this;
+  }
+  ucp_ep_h handle = nullptr;
+  const ucs_status_t s = ucp_ep_create(worker_, &ep, &handle);
+  if (s != UCS_OK) throw Error("ucx: endpoint to rank " + std::to_string(r) + ": " + ucs_error("ucp_ep_create", s));
+  // UCX's own RMA only where the endpoint has an RMA lane; elsewhere UCX would emulate it
+  // in software, with an abort when a requester dies (am_rma.hpp).
+  const bool over_am = !has_rma_lane(handle);
+  pid_t pid = 0;
+  try {
+    if (over_am && !peer_mode && copy_ != ShmCopy::copy) pid = cma_peer(static_cast<int>(r), whole);
+  } catch (...) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* req = ucp_ep_close_nbx(handle, &p);
+    if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
+    throw;
+  }
+  am_rma_[r].store(over_am ? 1 : 0, std::memory_order_relaxed);
+  cma_pid_[r].store(pid, std::memory_order_relaxed);
+  if (static_cast<int>(r) != rank_) connected_.fetch_add(1, std::memory_order_relaxed);
+  eps_[r].store(handle, std::memory_order_release);
+}
+
+int UcxTransport::reach_held(int rank, ucp_ep_h& ep) noexcept {
+  const auto r = static_cast<std::size_t>(rank);
+  if (!lookup_ || r >= on_demand_.size() || !on_demand_[r] || gone_[r].load(std::memory_order_relaxed) || closed_) {
+    return -EHOSTDOWN;
+  }
+  std::string address;
+  if (const int rc = lookup_(rank, address); rc != 0) return rc == -EAGAIN ? rc : -EHOSTDOWN;
+  try {
+    make_endpoint(r, address);
+  } catch (const std::exception& e) {
+    FERRY_LOG(error, "ucx: connecting rank %d: %s", rank, e.what());
+    gone_[r].store(true, std::memory_order_relaxed);  // not tried again: the post fails as to a failed peer
+    return -EHOSTDOWN;
+  }
+  ep = ep_of(rank);
+  return 0;
 }
 
 void UcxTransport::close() noexcept {
@@ -166,6 +225,7 @@ void UcxTransport::close_held() noexcept {
 void UcxTransport::peer_failed(int rank) {
   if (rank < 0 || static_cast<std::size_t>(rank) >= eps_.size()) return;
   rma_.peer_failed(rank);
+  gone_[static_cast<std::size_t>(rank)].store(true, std::memory_order_relaxed);  // before the null below
   {
     // No answer will come: the tracker reports their operations abandoned after its grace.
     std::lock_guard<detail::SpinLock> g(ops_.lock());

@@ -199,6 +199,10 @@ class UcxTransport final : public Transport {
   // ---- setup (ucx_transport.cpp) ----
   std::string address() const override;
   void connect(const std::vector<std::string>& addresses) override;
+  // Peers on this host are connected at once (their RMA may go by cross-memory attach, which
+  // both ends must know of before either uses it), those on other hosts by their first post.
+  bool connect_on_demand(const std::vector<bool>& reached, AddressLookup lookup) override;
+  std::size_t peers_connected() const noexcept override { return connected_.load(std::memory_order_relaxed); }
 
   // ---- messages (ucx_messages.cpp) ----
   int inject(int rank, const void* buf, std::size_t len) override;
@@ -281,7 +285,14 @@ class UcxTransport final : public Transport {
     return 0;
   }
 
-  ucp_ep_h ep_of(int rank) const noexcept { return eps_[static_cast<std::size_t>(rank)].load(std::memory_order_relaxed); }
+  // Acquire: pairs with reach_held's release store, for what it wrote before (am_rma_, cma_pid_).
+  ucp_ep_h ep_of(int rank) const noexcept { return eps_[static_cast<std::size_t>(rank)].load(std::memory_order_acquire); }
+  // The endpoint to `rank` where it has none yet: connects it, if connect_on_demand left that to
+  // the first post and the peer has not failed. With the worker lock held (or under a lock model
+  // that lets one thread in), which also keeps two threads from connecting one peer; the
+  // bootstrap read is made under it, once per peer. 0 and `ep`; -EAGAIN (the bootstrap is busy:
+  // retry); -EHOSTDOWN (failed, or never this transport's peer).
+  [[gnu::cold, gnu::noinline]] int reach_held(int rank, ucp_ep_h& ep) noexcept;
 
   // A post's hold on the worker and a peer's endpoint, for the length of the post: under the
   // lockless model the worker lock, then the endpoint (one relaxed load). peer_failed nulls the
@@ -330,6 +341,11 @@ class UcxTransport final : public Transport {
 
   // ---- setup (ucx_transport.cpp) ----
   pid_t cma_peer(int r, const std::string& address) const;
+  // Makes rank r's endpoint from its address and decides its RMA path (connect's and
+  // reach_held's, under the worker lock); publishes it with a release store. Throws
+  // ferry::Error naming the rank.
+  void make_endpoint(std::size_t r, const std::string& address);
+  void make_tables(std::size_t ranks);  // eps_ and the per-rank tables, empty
   static int nibble(char c) noexcept;
   void set_am_handler(unsigned id, ucp_am_recv_callback_t cb);
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
@@ -443,8 +459,10 @@ class UcxTransport final : public Transport {
   static ucs_status_t on_notify(void* arg, const void* header, std::size_t header_length, void*, std::size_t,
                                 const ucp_am_recv_param_t*);
   // ---- RMA over active messages (am_rma.hpp; ucx_rma_over_am.cpp), to peers whose endpoint has no RMA lane ----
-  bool am_rma(int rank) const noexcept { return am_rma_[static_cast<std::size_t>(rank)] != 0; }
-  pid_t cma_pid(int rank) const noexcept { return cma_pid_[static_cast<std::size_t>(rank)]; }
+  // Relaxed: each is written once, before the peer's endpoint is published (ep_of's acquire);
+  // a post that reads them first and finds no endpoint goes the way of a peer not connected.
+  bool am_rma(int rank) const noexcept { return am_rma_[static_cast<std::size_t>(rank)].load(std::memory_order_relaxed) != 0; }
+  pid_t cma_pid(int rank) const noexcept { return cma_pid_[static_cast<std::size_t>(rank)].load(std::memory_order_relaxed); }
   int am_put(int rank, ucp_ep_h ep, const void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key,
              OpContext* ctx, OpKindUcx kind, std::uint64_t data);
   int am_get(int rank, ucp_ep_h ep, void* buf, std::size_t len, std::uint64_t addr, std::uint64_t key,
@@ -512,9 +530,17 @@ class UcxTransport final : public Transport {
                               static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
                               reinterpret_cast<std::uintptr_t>(this);
   // Endpoints by rank. connect writes them before any post (the bootstrap's fence publishes
-  // them); then only peer_failed (to null) and close change them. Posts read them through
-  // PostHold (under the worker lock, under which peer_failed closes them).
+  // them), or reach_held on a peer's first post; then only peer_failed (to null) and close
+  // change them. Posts read them through PostHold (under the worker lock, under which
+  // peer_failed closes them and reach_held makes them).
   std::vector<std::atomic<ucp_ep_h>> eps_;
+  // connect_on_demand's: the ranks left to their first post, and where their addresses are.
+  std::vector<bool> on_demand_;
+  AddressLookup lookup_;
+  // By rank: failed (peer_failed), never to be connected again. Relaxed: stored before the
+  // endpoint's acq_rel exchange to null, read after ep_of's acquire load of that null.
+  std::unique_ptr<std::atomic<bool>[]> gone_;
+  std::atomic<std::size_t> connected_{0};  // peers with an endpoint made (relaxed: a count)
   detail::MpmcRing<Event> events_;
   std::atomic<bool> overflowing_{false};
   detail::SpinLock overflow_lock_;
@@ -571,8 +597,8 @@ class UcxTransport final : public Transport {
   std::vector<Reply> replies_;  // poll lock holder
   // RMA over active messages: by rank, whether the peer gets it (no RMA lane); the
   // operations in flight; the answers waiting for the poll.
-  std::vector<char> am_rma_;
-  std::vector<pid_t> cma_pid_;  // by rank: its pid where RMA goes by cross-memory attach, else 0
+  std::vector<std::atomic<char>> am_rma_;
+  std::vector<std::atomic<pid_t>> cma_pid_;  // by rank: its pid where RMA goes by cross-memory attach, else 0
   RmaOps ops_{kSendQueue, this};
   detail::SpinLock answers_lock_;
   std::vector<Answer> answers_;
