@@ -65,7 +65,7 @@ void Barrier::depart() noexcept {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   try {
     for (int r = 0; r < size_; ++r) {
-      if (r == rank_ || failures_.failed(r)) continue;
+      if (r == rank_ || failures_.failed(r) || !devices_.in_touch(r)) continue;
       IdleBackoff idle;
       while (!devices_.post_barrier_step(r, kDepartStep) && std::chrono::steady_clock::now() < deadline) {
         idle(devices_.progress_devices());

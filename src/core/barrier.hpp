@@ -30,6 +30,9 @@ class BarrierDevices {
   virtual bool progressing_device0() const noexcept = 0;
   // Waits until every deferring lock model has performed the posts it held.
   virtual void perform_deferred() = 0;
+  // Whether `rank` may hold a connection to this rank on some device (DeviceImpl::in_touch):
+  // a rank connected on first use that never talked with this one needs no departure.
+  virtual bool in_touch(int rank) const noexcept = 0;
 
  protected:
   ~BarrierDevices() = default;

@@ -64,6 +64,18 @@ std::string DeviceImpl::describe_peer(int rank) const {
 
 std::size_t DeviceImpl::in_flight() const noexcept { return context_in_flight() + fragments_.backlog(); }
 
+void DeviceImpl::add_connecting_on_demand(std::size_t transport) {
+  on_demand_.push_back(&this->transport(transport));
+  links_[transport].on_demand = true;
+  if (heard_ == nullptr) heard_ = std::make_unique<std::atomic<std::uint8_t>[]>(static_cast<std::size_t>(size_));
+}
+
+bool DeviceImpl::in_touch(int rank) const noexcept {
+  const Link& l = *route_[static_cast<std::size_t>(rank)];
+  return !l.on_demand || l.transport->has_endpoint(rank) ||
+         heard_[static_cast<std::size_t>(rank)].load(std::memory_order_relaxed) != 0;
+}
+
 DeviceFootprint DeviceImpl::footprint() const noexcept {
   std::size_t peers = peers_connected_;
   for (const net::Transport* t : on_demand_) peers += t->peers_connected();

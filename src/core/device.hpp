@@ -113,7 +113,10 @@ class DeviceImpl : public DeviceContext {
   // Start-up: the peers given an address on this device's transports that connected them all,
   // and those that connect on first use (their own count).
   void set_peers_connected(std::size_t n) noexcept { peers_connected_ = n; }
-  void add_connecting_on_demand(const net::Transport* t) { on_demand_.push_back(t); }
+  void add_connecting_on_demand(std::size_t transport);
+  // Whether `rank` may hold a connection to this device: it is reached eagerly, or this device
+  // connected it, or it sent here. Finalize's departure goes to such ranks only.
+  bool in_touch(int rank) const noexcept;
   // Whether the calling thread is inside this device's progress (a Handler's callback, say,
   // or a call nested in one): what only this progress call can take in cannot arrive while
   // the caller waits for it there.
@@ -219,6 +222,14 @@ class DeviceImpl : public DeviceContext {
   std::uint32_t failures_seen_ = 0;    // the runtime's failure count last acted on
   std::size_t peers_connected_ = 0;    // set at start-up, read by footprint()
   std::vector<const net::Transport*> on_demand_;  // likewise
+  // By rank, where a link connects on first use: a message came from it (note_sender). Written
+  // by the poll lock holder, read by in_touch at finalize; relaxed: a flag ordering nothing.
+  std::unique_ptr<std::atomic<std::uint8_t>[]> heard_;
+  void note_sender(const Link& l, int src) noexcept {
+    if (!l.on_demand) return;
+    std::atomic<std::uint8_t>& h = heard_[static_cast<std::size_t>(src)];
+    if (h.load(std::memory_order_relaxed) == 0) h.store(1, std::memory_order_relaxed);
+  }
   // Packets for the messages lent transports hand over (Link::lends): a lent message is
   // copied into one during its delivery. Each poll of such a transport lends at most
   // spare_count_ messages, so the device never takes a message it has no packet for; refilled

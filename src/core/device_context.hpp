@@ -68,6 +68,9 @@ struct Link {
   // The transport lends its messages (Caps::receives): the device posts it no receives and
   // copies each message into a spare packet instead.
   bool lends = false;
+  // The transport connects on first use (Transport::connect_on_demand): the device notes who
+  // sent on it (DeviceImpl::note_sender), as it has no endpoint to them of its own.
+  bool on_demand = false;
   // Whether a message of `size` payload bytes goes as fragments over this link: it is within
   // the fragment limit and does not go whole.
   bool fragmented(std::size_t size) const noexcept {

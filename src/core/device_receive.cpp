@@ -78,6 +78,7 @@ template <bool kFits>
     drop_malformed(p, length);
     return;
   }
+  note_sender(l, src);
   p->arrived.length = static_cast<std::uint32_t>(length);
   if (p->data()[0] == static_cast<std::uint8_t>(MsgKind::frag)) {
     const Fragments::Whole w = fragments_.on_fragment(p, length, payload);
@@ -256,6 +257,7 @@ void DeviceImpl::on_packet(Packet* p) {
   if (length < kHeader || length > p->capacity || p->data()[0] != static_cast<std::uint8_t>(MsgKind::am)) return false;
   const auto h = decode<WireHeader>(p->data());
   if (h.src < 0 || h.src >= size_ || route_[static_cast<std::size_t>(h.src)] != &l) return false;
+  note_sender(l, h.src);
   CompletionObject* const target = targets_.exposed_at_once(h.target);
   if (target == nullptr) return false;  // not exposed yet, or one that batches
   if (!lent) --l.posted_recvs;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <string_view>
 
 #include "ferry/error.hpp"
 #include "net/registry.hpp"
@@ -67,6 +68,33 @@ std::string job_wide_settings(const Resolved<RuntimeSettings>& options) {
   throw Error("rank " + std::to_string(other) + " sent settings this rank cannot read (a different ferry version?)");
 }
 
+// A rank's record for the host map: its host, its process identity and its job-wide settings,
+// each as "<decimal length>:<bytes>", so that the host map costs one read per rank.
+constexpr std::size_t kRecordFields = 3;
+
+std::string encode_record(const std::string (&fields)[kRecordFields]) {
+  std::string out;
+  for (const std::string& f : fields) out += std::to_string(f.size()) + ':' + f;
+  return out;
+}
+
+// False when `text` is not kRecordFields such fields exactly (a peer's bytes, checked).
+bool decode_record(std::string_view text, std::string (&fields)[kRecordFields]) {
+  for (std::string& f : fields) {
+    const std::size_t colon = text.find(':');
+    if (colon == std::string_view::npos || colon == 0 || colon > 6) return false;
+    std::size_t n = 0;
+    for (char c : text.substr(0, colon)) {
+      if (c < '0' || c > '9') return false;
+      n = n * 10 + static_cast<std::size_t>(c - '0');
+    }
+    if (n > text.size() - colon - 1) return false;
+    f.assign(text.substr(colon + 1, n));
+    text.remove_prefix(colon + 1 + n);
+  }
+  return text.empty();
+}
+
 }  // namespace
 
 // Every rank's host identity (FERRY_HOST, else the hostname), by rank; each rank checks that
@@ -82,19 +110,19 @@ std::vector<std::string> exchange_hosts(bootstrap::Bootstrap& boot, const std::s
   pid_t my_pid = 0;
   std::string my_ns;
   const bool watchable = parse_process_identity(me, my_pid, my_ns);
-  boot.put("ferry.host", mine);
-  boot.put("ferry.settings", settings);
-  boot.put("ferry.process", me);
+  boot.put("ferry.rank", encode_record({mine, me, settings}));
   boot.fence();
   for (int r = 0; r < boot.size(); ++r) {
-    hosts[static_cast<std::size_t>(r)] = boot.get(r, "ferry.host");
     if (r == boot.rank()) continue;
-    const std::string theirs = boot.get(r, "ferry.settings");
-    if (theirs != settings) settings_differ(options, theirs, boot.rank(), r);
+    std::string theirs[kRecordFields];  // host, process, settings
+    if (!decode_record(boot.get(r, "ferry.rank"), theirs)) {
+      throw Error("rank " + std::to_string(r) + " sent a host record this rank cannot read (a different ferry version?)");
+    }
+    hosts[static_cast<std::size_t>(r)] = theirs[0];
+    if (theirs[2] != settings) settings_differ(options, theirs[2], boot.rank(), r);
     pid_t pid = 0;
     std::string ns;
-    if (watchable && hosts[static_cast<std::size_t>(r)] == mine &&
-        parse_process_identity(boot.get(r, "ferry.process"), pid, ns) && ns == my_ns && pid != my_pid) {
+    if (watchable && theirs[0] == mine && parse_process_identity(theirs[1], pid, ns) && ns == my_ns && pid != my_pid) {
       watch.watch(r, pid);
     }
   }

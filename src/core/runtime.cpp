@@ -138,7 +138,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
       // peer attached, at start-up, so that a killed job leaves none behind.
       if (config_.connect == ConnectMode::lazy && static_cast<int>(t) == network_index &&
           dev.transport(t).connect_on_demand(reached, address_lookup(key))) {
-        dev.add_connecting_on_demand(&dev.transport(t));
+        dev.add_connecting_on_demand(t);
         continue;
       }
       std::vector<std::string> addresses(static_cast<std::size_t>(size_));

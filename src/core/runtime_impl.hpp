@@ -68,6 +68,12 @@ class RuntimeImpl final : private BarrierDevices {
   bool progress_devices() override;
   bool progressing_device0() const noexcept override { return devices_[0]->progressing_here(); }
   void perform_deferred() override;
+  bool in_touch(int rank) const noexcept override {
+    for (const auto& d : devices_) {
+      if (d->in_touch(rank)) return true;
+    }
+    return false;
+  }
   // Teardown: progresses `device` (through its lock model) until its own operations are
   // complete or `seconds` pass. Returns the number still in flight.
   std::size_t drain(DeviceImpl& device, double seconds);

@@ -164,6 +164,8 @@ class Transport {
   virtual bool connect_on_demand(const std::vector<bool>& /*reached*/, AddressLookup /*lookup*/) { return false; }
   // Peers connected so far, after connect_on_demand (for the footprint; relaxed).
   virtual std::size_t peers_connected() const noexcept { return 0; }
+  // Whether this transport has connected `rank` (after connect_on_demand; any thread).
+  virtual bool has_endpoint(int /*rank*/) const noexcept { return true; }
   // Every rank of the job has connected (called after a job-wide fence).
   virtual void connected() {}
 

@@ -111,6 +111,9 @@ class OfiTransport final : public Transport {
   }
 
   std::size_t peers_connected() const noexcept override { return connected_.load(std::memory_order_relaxed); }
+  bool has_endpoint(int rank) const noexcept override {
+    return to_[static_cast<std::size_t>(rank)].load(std::memory_order_relaxed) != FI_ADDR_NOTAVAIL;
+  }
 
   int inject(int rank, const void* buf, std::size_t len) override {
     fi_addr_t a;

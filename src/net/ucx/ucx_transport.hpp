@@ -203,6 +203,7 @@ class UcxTransport final : public Transport {
   // both ends must know of before either uses it), those on other hosts by their first post.
   bool connect_on_demand(const std::vector<bool>& reached, AddressLookup lookup) override;
   std::size_t peers_connected() const noexcept override { return connected_.load(std::memory_order_relaxed); }
+  bool has_endpoint(int rank) const noexcept override { return ep_of(rank) != nullptr; }
 
   // ---- messages (ucx_messages.cpp) ----
   int inject(int rank, const void* buf, std::size_t len) override;
