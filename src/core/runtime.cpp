@@ -59,7 +59,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
     const std::string setting = name == plan.network && options_.value("transport") == "auto"
                                     ? "FERRY_NETWORK=" + name
                                     : "FERRY_TRANSPORT=" + options_.value("transport");
-    backends_.push_back(net::backend(name, setting).open(net::OpenParams{config_.backends, plan.one_host}));
+    backends_.push_back(net::backend(name, setting).open(net::OpenParams{config_.backends, plan.one_host, config_.packet_size}));
   }
   const auto index_of = [&](const std::string& name) {
     const auto at = std::find(used.begin(), used.end(), name);

@@ -46,6 +46,8 @@ struct OpenParams {
   std::vector<std::pair<std::string, OptionValue>> options;
   // FERRY_TRANSPORT named this backend for every peer, and every rank shares this host.
   bool one_host = false;
+  // The devices' packet (FERRY_PACKET_SIZE): the largest frame ferry sends as one message.
+  std::size_t packet_size = 0;
 
   // The value of the row `name`. Throws ferry::Error when no backend declares it.
   const OptionValue& option(std::string_view name) const {

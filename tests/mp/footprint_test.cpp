@@ -12,11 +12,14 @@ using namespace mp;
 
 namespace {
 
-// FI_OFI_RXM_MSG_RX_SIZE as the process began, before the runtime (made in main) set it.
-const std::string kRxmRxAtStart = [] {
-  const char* v = std::getenv("FI_OFI_RXM_MSG_RX_SIZE");
+// FI_OFI_RXM_MSG_RX_SIZE and FI_OFI_RXM_BUFFER_SIZE as the process began, before the runtime
+// (made in main) set them.
+std::string env_text(const char* name) {
+  const char* v = std::getenv(name);
   return std::string(v != nullptr ? v : "");
-}();
+}
+const std::string kRxmRxAtStart = env_text("FI_OFI_RXM_MSG_RX_SIZE");
+const std::string kRxmBufferAtStart = env_text("FI_OFI_RXM_BUFFER_SIZE");
 
 // The host this rank counts as on: FERRY_HOST, or the machine's name (as start-up decides).
 std::string my_host() {
@@ -122,6 +125,16 @@ TEST(Footprint, TheOfiBackendSizesRxmsReceiveBuffersUnlessTheEnvironmentDoes) {
     EXPECT_EQ(now, kRxmRxAtStart) << "the environment's own value stands";
   } else {
     EXPECT_EQ(now, option == "0" ? "" : option) << "FERRY_OFI_RXM_RX=" << option;
+  }
+  // The buffer: FERRY_OFI_RXM_BUFFER, or a packet and 128 bytes (below libfabric's 16 KiB).
+  const std::string buffer = env_text("FI_OFI_RXM_BUFFER_SIZE");
+  const std::string set = rt().options().value("ofi_rxm_buffer");
+  const std::size_t packet = rt().options().settings.packet_size;
+  const std::string automatic = packet + 128 < 16384 ? std::to_string(packet + 128) : "";
+  if (!kRxmBufferAtStart.empty()) {
+    EXPECT_EQ(buffer, kRxmBufferAtStart) << "the environment's own value stands";
+  } else {
+    EXPECT_EQ(buffer, set == "0" ? automatic : set) << "FERRY_OFI_RXM_BUFFER=" << set;
   }
   rt().barrier();
 }

@@ -660,7 +660,7 @@ TEST_F(Env, BackendsDeclareTheirOwnRows) {
   for (const auto& t : ferry::backend_option_tables())
     for (const auto& r : t.rows) by_backend[t.backend].insert(r.info.env);
   EXPECT_EQ(by_backend["shm"], (std::set<std::string>{"FERRY_SHM_COPY", "FERRY_SHM_CELLS"}));
-  EXPECT_EQ(by_backend["ofi"], (std::set<std::string>{"FERRY_OFI_PROVIDER", "FERRY_OFI_RXM_RX"}));
+  EXPECT_EQ(by_backend["ofi"], (std::set<std::string>{"FERRY_OFI_PROVIDER", "FERRY_OFI_RXM_RX", "FERRY_OFI_RXM_BUFFER"}));
   EXPECT_EQ(by_backend.count("ucx"), 0u) << "ferry reads no UCX setting of its own";
   EXPECT_EQ(by_backend.count("self"), 0u);
   // The core's table no longer has them.
@@ -673,6 +673,8 @@ TEST_F(Env, BackendsDeclareTheirOwnRows) {
   EXPECT_STREQ(backend_row("ofi_provider")->info.deprecated_env, "FERRY_PROVIDER");
   ASSERT_NE(backend_row("ofi_rxm_rx"), nullptr);
   EXPECT_FALSE(backend_row("ofi_rxm_rx")->job_wide) << "each process's own memory";
+  ASSERT_NE(backend_row("ofi_rxm_buffer"), nullptr);
+  EXPECT_FALSE(backend_row("ofi_rxm_buffer")->job_wide) << "each process's own memory";
 }
 
 TEST_F(Env, BackendRowsResolveLikeTheCores) {
@@ -681,6 +683,7 @@ TEST_F(Env, BackendRowsResolveLikeTheCores) {
   EXPECT_EQ(d.value("shm_cells"), "256");
   EXPECT_EQ(d.value("ofi_provider"), "auto");
   EXPECT_EQ(d.value("ofi_rxm_rx"), "1024");
+  EXPECT_EQ(d.value("ofi_rxm_buffer"), "0");
   set("FERRY_SHM_COPY", "copy");
   set("FERRY_SHM_CELLS", "1k");
   set("FERRY_OFI_PROVIDER", "tcp");

@@ -60,9 +60,14 @@ std::vector<Fact> describe(bool with_probe) {
   return facts;
 }
 
+// ofi_rxm's buffer: its own header, then the message (libfabric 1.20's is well below 128 B; a
+// frame that does not fit is still delivered, by rxm's segmentation); libfabric's default size.
+constexpr std::uint64_t kRxmHeadroom = 128;
+constexpr std::uint64_t kRxmDefaultBuffer = 16384;
+
 // The row ofi_provider (options.cpp). "auto": libfabric's own shared memory when this backend
-// serves a job of one host alone, else "" (libfabric's best network). The row ofi_rxm_rx goes to
-// ofi_rxm through the environment, which it reads when libfabric starts in the process (the
+// serves a job of one host alone, else "" (libfabric's best network). The rows ofi_rxm_rx and
+// ofi_rxm_buffer go to ofi_rxm through the environment, which it reads when libfabric starts in the process (the
 // first fi_getinfo); a value the user sets there stands. setenv here, as the runtime's
 // constructor opens its backends: the application's threads must not read the environment then.
 std::unique_ptr<Backend> open(const OpenParams& p) {
@@ -70,6 +75,11 @@ std::unique_ptr<Backend> open(const OpenParams& p) {
   if (const std::uint64_t rx = p.option("ofi_rxm_rx").number; rx != 0) {
     ::setenv("FI_OFI_RXM_MSG_RX_SIZE", std::to_string(rx).c_str(), 0);
   }
+  std::uint64_t buffer = p.option("ofi_rxm_buffer").number;
+  if (buffer == 0 && p.packet_size != 0 && p.packet_size + kRxmHeadroom < kRxmDefaultBuffer) {
+    buffer = p.packet_size + kRxmHeadroom;
+  }
+  if (buffer != 0) ::setenv("FI_OFI_RXM_BUFFER_SIZE", std::to_string(buffer).c_str(), 0);
   return std::make_unique<OfiBackend>(open_fabric(provider != "auto" ? provider : p.one_host ? "shm" : ""));
 }
 
