@@ -274,11 +274,13 @@ class Runtime {
   //  - barrier() and finalize() throw ferry::PeerFailed;
   //  - traffic among the surviving ranks goes on unchanged.
   std::vector<int> failed_ranks() const;
-  // Every device's footprint, the bootstrap reads start-up made and the keepalive's links.
+  // Every device's footprint, the runtime's bootstrap reads so far and the keepalive's links.
   Footprint footprint() const;
   // How many ranks this process knows to have failed: one relaxed load, for polling.
   std::uint32_t failure_count() const noexcept;
-  // Bootstrap key-value exchange, for setup (e.g. sending RemoteKeys).
+  // Bootstrap key-value exchange, for setup (e.g. sending RemoteKeys). Any thread, one call at a
+  // time: the runtime's connects on first use share the bootstrap, so while this rank is inside
+  // kv_fence it connects no new peer (an operation to one answers retry until the fence returns).
   void kv_put(const std::string& key, const std::string& value);
   void kv_fence();
   std::string kv_get(int rank, const std::string& key);

@@ -111,6 +111,7 @@ class OfiTransport final : public Transport {
   }
 
   std::size_t peers_connected() const noexcept override { return connected_.load(std::memory_order_relaxed); }
+  // Relaxed: finalize's departure asks whether to tell the rank; nothing is read through it.
   bool has_endpoint(int rank) const noexcept override {
     return to_[static_cast<std::size_t>(rank)].load(std::memory_order_relaxed) != FI_ADDR_NOTAVAIL;
   }

@@ -17,8 +17,8 @@ const BackendOptionTable& backend_options_ofi() {
             "FERRY_PROVIDER is its deprecated name",
             "FERRY_PROVIDER"},
            true},
-          // Per process: ofi_rxm (the tcp and verbs providers' FI_EP_RDM) posts this many 16 KiB
-          // bounce buffers per endpoint at start, 64 MiB at libfabric's 4096; at 1024 an endpoint
+          // Per process: ofi_rxm (the tcp and verbs providers' FI_EP_RDM) posts this many bounce
+          // buffers per endpoint at start, 64 MiB at libfabric's 4096 of 16 KiB; at 1024 an endpoint
           // holds 50 MiB less, rates within their spread (results/ofi-rxm-rx-20261203-0720).
           {{"ofi_rxm_rx", "FERRY_OFI_RXM_RX", T::count, "1024", {}, 0, 1u << 20, nullptr,
             "receive buffers (of FERRY_OFI_RXM_BUFFER bytes) that libfabric's ofi_rxm layer (tcp, verbs) posts "
