@@ -20,13 +20,16 @@ using ferry::net::shm::CellHeader;
 using ferry::net::shm::CellQueue;
 
 // A queue in ordinary memory laid out as in a segment (tail and head on lines of their own,
-// then cells).
+// then cells). Zeroed first and initialized as a fresh segment is (cells left untouched), or,
+// with `garbage`, over bytes that are not zero, every cell's header written.
 struct QueueMemory {
-  QueueMemory(std::uint64_t count, std::size_t payload)
+  QueueMemory(std::uint64_t count, std::size_t payload, bool garbage = false)
       : stride(CellQueue::stride_for(payload)),
         mem(static_cast<unsigned char*>(std::aligned_alloc(64, 256 + count * stride + CellQueue::claims_bytes(count)))) {
+    const std::size_t bytes = 256 + count * stride + CellQueue::claims_bytes(count);
+    std::memset(mem, garbage ? 0xA5 : 0, bytes);
     unsigned char* claims = mem + 256 + count * stride;
-    CellQueue::initialize(mem, mem + 128, mem + 256, claims, count, stride);
+    CellQueue::initialize(mem, mem + 128, mem + 256, claims, count, stride, /*zeroed=*/!garbage);
     queue = CellQueue(reinterpret_cast<std::atomic<std::uint64_t>*>(mem),
                       reinterpret_cast<std::atomic<std::uint64_t>*>(mem + 128), mem + 256,
                       reinterpret_cast<std::atomic<std::uint64_t>*>(claims), count, stride);
@@ -44,9 +47,14 @@ TEST(ShmCellQueue, CellsAreWholeCacheLines) {
   EXPECT_EQ(CellQueue::stride_for(8192), 8256u);
 }
 
-TEST(ShmCellQueue, FullRefusesThenAcceptsAcrossLaps) {
+class ShmCellQueueMemory : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(FreshOrGarbage, ShmCellQueueMemory, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "garbage" : "zeroed"; });
+
+TEST_P(ShmCellQueueMemory, FullRefusesThenAcceptsAcrossLaps) {
   constexpr std::uint64_t kCount = 4;
-  QueueMemory m(kCount, 16);
+  QueueMemory m(kCount, 16, GetParam());
+  for (std::uint64_t h = 0; h < kCount; ++h) EXPECT_EQ(m.queue.peek(h), nullptr) << "an empty queue's cell " << h;
   std::uint64_t head = 0;
   std::uint64_t next_value = 0, expect_value = 0;
   for (int lap = 0; lap < 1000; ++lap) {

@@ -154,15 +154,20 @@ class CellQueue {
     return *this;
   }
 
-  // Builds an empty queue in fresh memory. Only the owner, before any other party sees it.
+  // Builds an empty queue. Only the owner, before any other party sees it. `zeroed`: the cells'
+  // memory is known to read as zeros (a fresh shm file), so their headers are left untouched: a
+  // seq of 0 is never position + 1 of a lap-0 position, which is all peek asks of an unused
+  // cell, and a cell's page then becomes resident only when a message first lands in it.
   static void initialize(void* tail, void* head, unsigned char* cells, void* claims, std::uint64_t count,
-                         std::size_t stride) noexcept {
+                         std::size_t stride, bool zeroed = false) noexcept {
     new (tail) std::atomic<std::uint64_t>(0);
     new (head) std::atomic<std::uint64_t>(0);
     auto* words = static_cast<std::atomic<std::uint64_t>*>(claims);
     for (std::uint64_t i = 0; i < count; ++i) {
-      auto* c = new (cells + i * stride) CellHeader{};
-      c->seq.store(i, std::memory_order_relaxed);  // published by whatever hands the segment out
+      if (!zeroed) {
+        auto* c = new (cells + i * stride) CellHeader{};
+        c->seq.store(0, std::memory_order_relaxed);  // published by whatever hands the segment out
+      }
       // As if lap -1 had been claimed by nobody: position i (lap 0) is free to claim.
       new (&words[i]) std::atomic<std::uint64_t>(claim_word(kLapMask, kUnknownClaimer));
     }

@@ -122,7 +122,7 @@ Segment Segment::create(int rank, int size, int device, std::size_t cell_payload
   h->total_bytes = bytes;
   h->probe = random_word() | 1;  // never 0, so a read of zeroed memory cannot pass the probe
   CellQueue::initialize(s.base_ + kTailOffset, s.base_ + kHeadOffset, s.base_ + kCellsOffset,
-                        s.base_ + claims_offset(cells, stride), cells, stride);
+                        s.base_ + claims_offset(cells, stride), cells, stride, /*zeroed=*/true);
   // Peers learn the name only through the bootstrap's exchange, which orders these writes
   // before their mapping (a system call and a message in between).
   return s;
