@@ -184,6 +184,13 @@ class Device {
   int index() const noexcept;
   DeviceStats stats() const noexcept;
   DeviceFootprint footprint() const noexcept;
+  // Gives the memory of the device's free packets back to the system and returns its bytes:
+  // the pages inside their payloads, which fault in again (as zeros) when next used. For a
+  // device at rest, between an application's phases say: packets taken meanwhile may be made
+  // anew. Returns 0 and changes nothing where one of the device's transports pins registered
+  // memory (verbs-style providers, UCX), as the packets' slab is registered with each. Any
+  // thread; not on the fast path (a system call per free packet).
+  std::size_t trim_memory();
   // Largest post_am / post_send that goes eagerly (larger ones use rendezvous).
   std::size_t eager_limit() const noexcept;
   // Largest eager part of a post_am_iovec with `parts` zero-copy parts.
@@ -276,6 +283,8 @@ class Runtime {
   std::vector<int> failed_ranks() const;
   // Every device's footprint, the runtime's bootstrap reads so far and the keepalive's links.
   Footprint footprint() const;
+  // Device::trim_memory on every device; the bytes given back.
+  std::size_t trim_memory();
   // How many ranks this process knows to have failed: one relaxed load, for polling.
   std::uint32_t failure_count() const noexcept;
   // Bootstrap key-value exchange, for setup (e.g. sending RemoteKeys). Any thread, one call at a

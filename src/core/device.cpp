@@ -76,6 +76,13 @@ bool DeviceImpl::in_touch(int rank) const noexcept {
          heard_[static_cast<std::size_t>(rank)].load(std::memory_order_relaxed) != 0;
 }
 
+std::size_t DeviceImpl::trim_memory() {
+  for (const Link& l : links_) {
+    if (l.caps->registration_pins) return 0;
+  }
+  return pool_->trim();
+}
+
 DeviceFootprint DeviceImpl::footprint() const noexcept {
   std::size_t peers = peers_connected_;
   for (const net::Transport* t : on_demand_) peers += t->peers_connected();

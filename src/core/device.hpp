@@ -110,6 +110,9 @@ class DeviceImpl : public DeviceContext {
   std::size_t in_flight() const noexcept;
   std::uint64_t delivered_inline() const noexcept { return inline_count_.load(std::memory_order_relaxed); }
   DeviceFootprint footprint() const noexcept;
+  // Device::trim_memory: the free packets' payload pages back to the system, unless one of the
+  // device's transports pins its registrations (the pool's slab is registered with each).
+  std::size_t trim_memory();
   // Start-up: the peers given an address on this device's transports that connected them all,
   // and those that connect on first use (their own count).
   void set_peers_connected(std::size_t n) noexcept { peers_connected_ = n; }

@@ -1,5 +1,8 @@
 #include "core/packet_pool.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -7,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "ferry/error.hpp"
 
@@ -234,6 +238,24 @@ void PacketPool::give_shared(Packet* const* items, std::uint32_t n) noexcept {
     if (head_.compare_exchange_weak(head, want, std::memory_order_release, std::memory_order_relaxed)) break;
   }
   free_count_.fetch_add(n, std::memory_order_relaxed);
+}
+
+std::size_t PacketPool::trim() {
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  std::vector<Packet*> taken;
+  taken.reserve(made());
+  Packet* batch[kGrowBatch];
+  for (std::uint32_t k; (k = take_shared(batch, kGrowBatch)) != 0;) taken.insert(taken.end(), batch, batch + k);
+  std::size_t released = 0;
+  for (Packet* p : taken) {
+    const auto begin = (reinterpret_cast<std::uintptr_t>(p->data()) + page - 1) / page * page;
+    const auto end = (reinterpret_cast<std::uintptr_t>(p->data()) + payload_) / page * page;
+    if (end > begin && madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED) == 0) released += end - begin;
+  }
+  for (std::size_t i = 0; i < taken.size(); i += kGrowBatch) {
+    give_shared(taken.data() + i, static_cast<std::uint32_t>(std::min<std::size_t>(kGrowBatch, taken.size() - i)));
+  }
+  return released;
 }
 
 void PacketPool::release_payload(void* pool, void* payload) noexcept {

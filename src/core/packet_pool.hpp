@@ -230,6 +230,16 @@ class PacketPool {
   std::size_t made() const noexcept { return made_.load(std::memory_order_relaxed); }
   std::size_t made_bytes() const noexcept { return made() * stride_; }
 
+  // Gives back to the system the pages that lie wholly inside the payloads of the packets in
+  // the shared free list (MADV_DONTNEED; their headers, the links of the list, stay), and
+  // returns the bytes given back. Free packets' payloads hold nothing anyone reads (a payload
+  // is written before it is read), so a given-back page reads as zeros when the packet is next
+  // used, and faults in then. For a device at rest: the free list is emptied while its packets
+  // are given back, so a get meanwhile may make new packets. Not for a slab registered where
+  // registration pins pages (the device checks net::Caps::registration_pins). Any thread; it
+  // allocates (a list of the packets taken) and makes a system call per packet.
+  std::size_t trim();
+
   // Buffer::Release for packets handed to the caller.
   static void release_payload(void* pool, void* payload) noexcept;
 

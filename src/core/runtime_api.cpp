@@ -43,6 +43,11 @@ void Runtime::barrier() {
 }
 std::vector<int> Runtime::failed_ranks() const { return impl_->failures().failed_ranks(); }
 Footprint Runtime::footprint() const { return impl_->footprint(); }
+std::size_t Runtime::trim_memory() {
+  std::size_t bytes = 0;
+  for (int d = 0; d < device_count(); ++d) bytes += device(d).trim_memory();
+  return bytes;
+}
 std::uint32_t Runtime::failure_count() const noexcept { return impl_->failures().failure_count(); }
 void Runtime::kv_put(const std::string& key, const std::string& value) {
   const std::lock_guard<std::mutex> hold(impl_->boot_mutex());
@@ -112,6 +117,7 @@ DeviceStats Device::stats() const noexcept {
   return s;
 }
 DeviceFootprint Device::footprint() const noexcept { return impl_->footprint(); }
+std::size_t Device::trim_memory() { return impl_->trim_memory(); }
 std::size_t Device::eager_limit() const noexcept { return impl_->eager_limit(); }
 std::size_t Device::iovec_eager_limit(std::size_t parts) const noexcept { return impl_->iovec_eager_limit(parts); }
 

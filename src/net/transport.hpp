@@ -73,6 +73,11 @@ struct Caps {
   // there). Fixed at construction: UCX does so where its worker has no lock of ferry's.
   bool delivers_inline = false;
   Receives receives = Receives::posted;
+  // A registration pins its pages for the device to move data into them (verbs, UCX's RDMA
+  // lanes): memory under one must keep its pages, so the packet pool gives none back
+  // (Device::trim_memory). False where registering only records a range: sockets, shared
+  // memory, cross-memory attach.
+  bool registration_pins = true;
 };
 
 // How large data moves between processes of one host (FERRY_SHM_COPY): detect cross-memory

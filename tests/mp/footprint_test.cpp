@@ -2,6 +2,7 @@
 // bootstrap reads start-up made and the keepalive's links, checked against the job's shape.
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,83 @@ TEST(Footprint, PacketsAreMadeAsTrafficNeedsThemAndNeverBeyondTheLimit) {
   EXPECT_GT(d.packet_bytes / d.packets_made, rt().options().settings.packet_size) << "a packet's header and payload";
   EXPECT_EQ(first_mismatch(held.back().buffer.data(), out.size(), left(), out.size()), -1);
   held.clear();
+  rt().barrier();
+}
+
+namespace {
+
+// This process's anonymous resident memory (RssAnon), in bytes.
+std::size_t rss_anon_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("RssAnon:", 0) == 0) return std::stoull(line.substr(8)) * 1024;
+  }
+  return 0;
+}
+
+// Holds `count` messages of `size` bytes from the left neighbour at once, checks each, and
+// lets them go (their packets back to the pool).
+void hold_and_release(ferry::Device& dev, ferry::CompletionQueue& inbox, std::size_t count, std::size_t size,
+                      ferry::Tag first_tag) {
+  std::vector<unsigned char> out(size);
+  fill(out, rt().rank());
+  std::vector<ferry::Completion> held;
+  const auto take = [&] {
+    while (auto c = inbox.pop()) held.push_back(std::move(*c));
+  };
+  for (std::size_t i = 0; i < count; ++i) {
+    const ferry::Status s = post_retry(dev, [&] {
+      return dev.post_am({.rank = right(), .buffer = out.data(), .size = out.size(), .target = {12},
+                          .tag = first_tag + static_cast<ferry::Tag>(i)});
+    });
+    ASSERT_FALSE(s.is_failed()) << "peer " << s.rank << " failed";
+    take();
+  }
+  ASSERT_TRUE(wait_until(dev, [&] {
+    take();
+    return held.size() == count;
+  }));
+  for (const ferry::Completion& c : held) {
+    ASSERT_EQ(c.buffer.size(), size);
+    ASSERT_EQ(first_mismatch(c.buffer.data(), size, left(), size), -1) << "tag " << c.tag;
+  }
+}
+
+}  // namespace
+
+// A device at rest gives its free packets' payload pages back (Device::trim_memory), unless a
+// transport of it pins registrations; the packets then carry whole messages intact again.
+TEST(Footprint, TrimmedPacketsGiveTheirPagesBackAndCarryMessagesAgain) {
+  ferry::Device& dev = rt().device();
+  ferry::CompletionQueue inbox;
+  ferry::Exposure ex = rt().expose(inbox, 12);
+  rt().barrier();
+  // Nearly a packet's payload (a wire header and room to spare): each message is held in a
+  // packet of its own, every page wholly inside the payload written.
+  const std::size_t size = std::min<std::size_t>(dev.eager_limit(), rt().options().settings.packet_size - 256);
+  const std::size_t count = std::min<std::size_t>(512, dev.footprint().packets_max / 4);
+  hold_and_release(dev, inbox, count, size, 0);
+  rt().barrier();  // every rank's packets are back: nothing of this test is in flight
+  const std::size_t rss_before = rss_anon_bytes();
+  const std::size_t given = dev.trim_memory();
+  const std::size_t rss_after = rss_anon_bytes();
+  const bool pins = rt().transport().find("ucx") != std::string::npos ||
+                    (rt().transport().find("ofi") != std::string::npos &&
+                     rt().transport().find("tcp") == std::string::npos && rt().transport().find("ofi/shm") == std::string::npos);
+  if (pins) {
+    EXPECT_EQ(given, 0u) << rt().transport() << " pins its registrations: nothing is given back";
+  } else {
+    EXPECT_EQ(given % 4096, 0u);
+    // At least a page of each packet in the shared free list (a thread's cache keeps up to 1/32
+    // of the pool, 128 packets at most), and those pages were resident: the messages wrote them.
+    const std::size_t listed = count - std::min<std::size_t>(count / 2, 128);
+    EXPECT_GE(given, listed * 4096) << "made " << dev.footprint().packets_made;
+    EXPECT_GE(rss_before, rss_after + listed * 4096 / 2)
+        << "RssAnon " << rss_before << " -> " << rss_after << " after giving back " << given << " bytes";
+  }
+  // The same packets carry messages again: their pages fault back in (as zeros) and are filled.
+  hold_and_release(dev, inbox, count, size, 100000);
   rt().barrier();
 }
 

@@ -599,3 +599,45 @@ TEST(PacketPool, ThreadExitAfterPoolDestroyed) {
 }
 
 }  // namespace
+
+namespace {
+
+// Whole pages of [p, p + n): what trim can give back of one payload.
+std::size_t whole_pages(const unsigned char* p, std::size_t n) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t begin = (a + 4095) / 4096 * 4096, end = (a + n) / 4096 * 4096;
+  return end > begin ? (end - begin) / 4096 : 0;
+}
+
+}  // namespace
+
+// trim gives back exactly the whole pages inside the payloads of the shared list's packets,
+// keeps every packet (the same set comes out again, headers intact), and leaves the payloads
+// writable; packets handed out at the time are not touched.
+TEST(PacketPool, TrimGivesBackTheFreePayloadsPagesAndKeepsEveryPacket) {
+  for (const std::size_t count : {std::size_t{64}, kCachedCount}) {
+    PacketPool pool(count, 3 * 4096);
+    std::vector<Packet*> got = drain(pool);
+    ASSERT_EQ(got.size(), count);
+    for (Packet* p : got) std::memset(p->data(), 0x5A, pool.payload_size());
+    Packet* kept = got.back();  // stays handed out across the trim
+    got.pop_back();
+    for (Packet* p : got) pool.put_shared(p);  // all in the shared list, none in a cache
+    std::size_t pages = 0;
+    for (const Packet* p : got) pages += whole_pages(const_cast<Packet*>(p)->data(), pool.payload_size());
+    EXPECT_EQ(pool.trim(), pages * 4096) << count << " packets";
+    EXPECT_EQ(pool.available_approx(), count - 1);
+    EXPECT_EQ(kept->data()[pool.payload_size() / 2], 0x5A) << "a packet handed out keeps its bytes";
+    std::vector<Packet*> again = drain(pool);
+    ASSERT_EQ(again.size(), count - 1);
+    expect_all_distinct_from(pool, again);
+    EXPECT_EQ(std::set<Packet*>(got.begin(), got.end()), std::set<Packet*>(again.begin(), again.end()));
+    for (Packet* p : again) {
+      EXPECT_EQ(p->capacity, pool.payload_size());
+      std::memset(p->data(), 0x33, pool.payload_size());
+      EXPECT_EQ(p->data()[pool.payload_size() - 1], 0x33);
+      pool.put(p);
+    }
+    pool.put(kept);
+  }
+}

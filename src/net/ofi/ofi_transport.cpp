@@ -67,6 +67,14 @@ class OfiRegistration final : public Registration {
 
 inline void* fi_ctx(OpContext* ctx) noexcept { return ctx->backend; }
 
+// Whether a provider's registrations pin pages: every one's but those whose core provider (the
+// name before a utility layer's, "tcp" in "tcp;ofi_rxm") moves data through sockets or shared
+// memory and registers by recording the range.
+bool registration_pins(const std::string& provider) {
+  const std::string core = provider.substr(0, provider.find(';'));
+  return core != "tcp" && core != "sockets" && core != "udp" && core != "net" && core != "shm";
+}
+
 class OfiTransport final : public Transport {
  public:
   OfiTransport(Fabric& fabric, int rank) : endpoint_(fabric, 0), rank_(rank) {
@@ -81,6 +89,7 @@ class OfiTransport final : public Transport {
     caps_.local_registration = f.mr_local;
     caps_.remote_data_consumes_recv = f.rx_cq_data;
     caps_.reports_source = f.source;
+    caps_.registration_pins = registration_pins(f.provider);
   }
 
   ~OfiTransport() override = default;

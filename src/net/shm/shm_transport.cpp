@@ -113,6 +113,7 @@ ShmTransport::ShmTransport(const ShmParams& p)
   caps_.reports_source = true;
   caps_.gather_inject = true;
   caps_.receives = Receives::lent;  // messages are read where they lie, in their cells
+  caps_.registration_pins = false;   // a registration is the range peers may attach to
   // With cross-memory attach a rendezvous reads 8-16 KiB in one copy: a ping-pong of 16 KiB is
   // 1.6 us that way against 2.4 us by gathered fragments (ferry-bench, 2 ranks); a stream is
   // even and task chains favour fragments, so only FERRY_FRAGMENT=auto acts on this. In
