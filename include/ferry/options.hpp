@@ -309,6 +309,7 @@ struct RuntimeOptions {
   std::string completion{};
   std::string progress{};
   std::string log{};  // off, error, warn, info, debug
+  int trim_idle_ms = 0;
   // Backends' options, as (row name or variable, value) pairs spelled as in the environment:
   // {{"shm_copy", "copy"}, {"FERRY_OFI_PROVIDER", "tcp"}}. Beats the environment and the
   // deprecated fields above; a name no backend declares is an error.
@@ -382,6 +383,8 @@ struct RuntimeSettings {
   CompletionMechanism completion = CompletionMechanism::cq;
   CountedChoice<ProgressMode> progress{};  // count: N of thread:N, else 0
   LogLevel log = LogLevel::warn;
+  // A device's free packets give their pages back after this long at rest (0: never).
+  int trim_idle_ms = 0;
 };
 
 using RuntimeOptionTable = OptionTable<RuntimeOptions, RuntimeSettings>;

@@ -154,6 +154,10 @@ struct DeviceFootprint {
   // Peers with an endpoint over the device's transports: every peer at start-up, or, where a
   // transport connects on first use (FERRY_CONNECT=lazy), those operations went to so far.
   std::size_t peers_connected = 0;
+  // Times the device gave its free packets' pages back (trim_memory, FERRY_TRIM_IDLE_MS), and
+  // the bytes of address range it gave back in all.
+  std::size_t trims = 0;
+  std::size_t trimmed_bytes = 0;
 };
 
 // The runtime's footprint: each device's, and what start-up read and the keepalive connected.

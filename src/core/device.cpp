@@ -4,6 +4,7 @@
 #include "core/device.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <string>
 
@@ -80,7 +81,35 @@ std::size_t DeviceImpl::trim_memory() {
   for (const Link& l : links_) {
     if (l.caps->registration_pins) return 0;
   }
-  return pool_->trim();
+  const std::size_t bytes = pool_->trim();
+  trims_.fetch_add(1, std::memory_order_relaxed);
+  trimmed_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  return bytes;
+}
+
+// The list untouched for FERRY_TRIM_IDLE_MS: its packets were not needed for that long, so
+// their pages go back (once: a trim's own take and return leave a version that is not trimmed
+// again until traffic changes it). The free list, not the device's calls, marks rest: a rank
+// that polls while it waits still rests, and one thread's cache keeps the few packets a
+// trickle of messages uses.
+void DeviceImpl::trim_if_idle() noexcept {
+  if (config_.trim_idle_ms <= 0) return;
+  const std::uint32_t version = pool_->list_version();
+  if (version == trim_left_version_) return;
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now().time_since_epoch()).count();
+  if (version != trim_seen_version_ || trim_seen_ns_ == 0) {
+    trim_seen_version_ = version;
+    trim_seen_ns_ = now;
+    return;
+  }
+  if (now - trim_seen_ns_ < std::int64_t{config_.trim_idle_ms} * 1000000) return;
+  try {
+    (void)trim_memory();
+  } catch (...) {
+    return;  // out of memory for the list of packets: try again at the next check
+  }
+  trim_left_version_ = pool_->list_version();
 }
 
 DeviceFootprint DeviceImpl::footprint() const noexcept {
@@ -91,7 +120,9 @@ DeviceFootprint DeviceImpl::footprint() const noexcept {
                          .packet_bytes = pool_->made_bytes(),
                          .descriptors_made = recv_descriptors_->made(),
                          .descriptor_bytes = recv_descriptors_->made_bytes(),
-                         .peers_connected = peers};
+                         .peers_connected = peers,
+                         .trims = trims_.load(std::memory_order_relaxed),
+                         .trimmed_bytes = trimmed_bytes_.load(std::memory_order_relaxed)};
 }
 
 }  // namespace ferry::detail

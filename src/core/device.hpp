@@ -217,6 +217,15 @@ class DeviceImpl : public DeviceContext {
   std::atomic<bool> finalized_{false};
   // Owned by the poll lock holder.
   std::uint32_t progress_calls_ = 0;
+  // FERRY_TRIM_IDLE_MS, from the slow path of progress (one poller at a time): the pool's list
+  // version last seen, since when (steady clock, ns), and the version the last trim left.
+  void trim_if_idle() noexcept;
+  std::uint32_t trim_seen_version_ = 0;
+  std::int64_t trim_seen_ns_ = 0;
+  std::uint64_t trim_left_version_ = ~std::uint64_t{0};
+  // Statistics for footprint(): relaxed, they order nothing.
+  std::atomic<std::size_t> trims_{0};
+  std::atomic<std::size_t> trimmed_bytes_{0};
   bool delivered_inline_ = false;      // this progress call's polls handed a message to on_inline
   // Messages on_inline took, for DeviceStats: only the poll lock holder writes (a load and a
   // store, no read-modify-write); relaxed, it orders nothing.

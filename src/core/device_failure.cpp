@@ -15,6 +15,7 @@ void DeviceImpl::fail_peer(int rank) {
 }
 
 void DeviceImpl::check_failures() {
+  trim_if_idle();
   failures_.check_peers();
   const std::uint32_t count = failures_.failure_count();
   if (count == failures_seen_) return;

@@ -297,6 +297,12 @@ const RuntimeOptionTable& runtime_option_table() {
                   "(advised; each holds at least 2 MiB), so a peer's single-copy write into them pins few "
                   "pages; 0: none"},
                  &O::recv_huge, &S::recv_huge),
+          option({"trim_idle_ms", "FERRY_TRIM_IDLE_MS", T::count, "10000", {}, 0, 86400000, nullptr,
+                  "a device whose shared list of free packets nobody took from or returned to for this many "
+                  "milliseconds gives the pages inside their payloads back to the system (Device::trim_memory), "
+                  "once per rest, as progress sees it every 1024 calls; they fault in again when next used; "
+                  "0: never; nothing where a transport pins registered memory (verbs-style providers, UCX)"},
+                 &O::trim_idle_ms, &S::trim_idle_ms),
           option({"rdv_read", "FERRY_RDV_READ", T::choice, "auto", {"auto", "read", "push"}, 0, 0, nullptr,
                   "how a rendezvous into a receive buffer of ferry's moves its data where the transport "
                   "offers both (ferry's shm with cross-memory attach): read (the receiver reads the sender's "

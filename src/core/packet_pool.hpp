@@ -239,6 +239,12 @@ class PacketPool {
   // registration pins pages (the device checks net::Caps::registration_pins). Any thread; it
   // allocates (a list of the packets taken) and makes a system call per packet.
   std::size_t trim();
+  // The shared free list's version: the tag of its head, bumped by every take and return
+  // through it. Unchanged over a while, no packet went in or out of the list meanwhile (the
+  // threads' caches may still have traded among themselves).
+  std::uint32_t list_version() const noexcept {
+    return static_cast<std::uint32_t>(head_.load(std::memory_order_relaxed) >> 32);
+  }
 
   // Buffer::Release for packets handed to the caller.
   static void release_payload(void* pool, void* payload) noexcept;

@@ -1,6 +1,7 @@
 // Runtime::footprint on every transport: what the devices made, the peers they connected, the
 // bootstrap reads start-up made and the keepalive's links, checked against the job's shape.
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -190,6 +191,43 @@ TEST(Footprint, TrimmedPacketsGiveTheirPagesBackAndCarryMessagesAgain) {
   }
   // The same packets carry messages again: their pages fault back in (as zeros) and are filled.
   hold_and_release(dev, inbox, count, size, 100000);
+  rt().barrier();
+}
+
+// FERRY_TRIM_IDLE_MS: a device whose free list stays untouched that long gives the pages back
+// by itself, seen from progress, once (until traffic touches the list again). Run where the
+// suite sets a short time (mp_*_trim_idle); skipped under the 10 s default.
+TEST(Footprint, ADeviceAtRestGivesItsFreePacketsPagesBackByItself) {
+  const int idle_ms = rt().options().settings.trim_idle_ms;
+  if (idle_ms == 0 || idle_ms > 2000) GTEST_SKIP() << "FERRY_TRIM_IDLE_MS=" << idle_ms << ": not a short rest";
+  ferry::Device& dev = rt().device();
+  ferry::CompletionQueue inbox;
+  ferry::Exposure ex = rt().expose(inbox, 12);
+  rt().barrier();
+  const std::size_t size = std::min<std::size_t>(dev.eager_limit(), rt().options().settings.packet_size - 256);
+  const std::size_t count = std::min<std::size_t>(512, dev.footprint().packets_max / 4);
+  hold_and_release(dev, inbox, count, size, 200000);
+  rt().barrier();
+  const ferry::DeviceFootprint before = dev.footprint();
+  const auto rest = std::chrono::milliseconds(3 * idle_ms + 2000);
+  const auto until = std::chrono::steady_clock::now() + rest;
+  while (std::chrono::steady_clock::now() < until && dev.footprint().trims == before.trims) dev.progress();
+  const ferry::DeviceFootprint rested = dev.footprint();
+  const bool pins = rt().transport().find("ucx") != std::string::npos ||
+                    (rt().transport().find("ofi") != std::string::npos &&
+                     rt().transport().find("tcp") == std::string::npos && rt().transport().find("ofi/shm") == std::string::npos);
+  if (pins) {
+    EXPECT_EQ(rested.trims, before.trims) << rt().transport() << " pins its registrations";
+  } else {
+    ASSERT_EQ(rested.trims, before.trims + 1) << "no trim within " << rest.count() << " ms of rest";
+    const std::size_t listed = count - std::min<std::size_t>(count / 2, 128);
+    EXPECT_GE(rested.trimmed_bytes - before.trimmed_bytes, listed * 4096);
+    // At rest it stays trimmed: the trim's own take and return do not count as traffic.
+    const auto more = std::chrono::steady_clock::now() + std::chrono::milliseconds(2 * idle_ms);
+    while (std::chrono::steady_clock::now() < more) dev.progress();
+    EXPECT_EQ(dev.footprint().trims, rested.trims) << "trimmed again with no traffic in between";
+  }
+  hold_and_release(dev, inbox, count, size, 300000);
   rt().barrier();
 }
 

@@ -60,9 +60,9 @@ int print_footprint() {
     for (std::size_t d = 0; d < f.devices.size(); ++d) {
       const ferry::DeviceFootprint& x = f.devices[d];
       std::printf("  device %zu: packets %zu of %zu made (%zu bytes), receive descriptors %zu made (%zu bytes), "
-                  "peers connected %zu\n",
+                  "peers connected %zu, pages given back %zu times (%zu bytes)\n",
                   d, x.packets_made, x.packets_max, x.packet_bytes, x.descriptors_made, x.descriptor_bytes,
-                  x.peers_connected);
+                  x.peers_connected, x.trims, x.trimmed_bytes);
     }
     return 0;
   } catch (const std::exception& e) {
