@@ -168,6 +168,9 @@ struct Footprint {
   // and by each connect on first use since.
   std::size_t address_reads = 0;
   std::size_t keepalive_links = 0;    // peers of the keepalive's channel (its ring's links)
+  // Bytes of large receive buffers the process keeps for reuse now (FERRY_RECV_CACHE; one
+  // cache per process, whichever runtime filled it).
+  std::size_t recv_cache_bytes = 0;
 };
 
 class Device {
@@ -287,7 +290,9 @@ class Runtime {
   std::vector<int> failed_ranks() const;
   // Every device's footprint, the runtime's bootstrap reads so far and the keepalive's links.
   Footprint footprint() const;
-  // Device::trim_memory on every device; the bytes given back.
+  // Device::trim_memory on every device, and frees the process's cache of large receive
+  // buffers (FERRY_RECV_CACHE: blocks kept for reuse, each faulted in again when next made);
+  // the bytes given back.
   std::size_t trim_memory();
   // How many ranks this process knows to have failed: one relaxed load, for polling.
   std::uint32_t failure_count() const noexcept;

@@ -91,19 +91,24 @@ std::size_t DeviceImpl::trim_memory() {
 // their pages go back (once: a trim's own take and return leave a version that is not trimmed
 // again until traffic changes it). The free list, not the device's calls, marks rest: a rank
 // that polls while it waits still rests, and one thread's cache keeps the few packets a
-// trickle of messages uses.
+// trickle of messages uses. The process's cache of large receive buffers rests, and is freed,
+// by the same measure (its own use count; recv_blocks::release_if_rested).
 void DeviceImpl::trim_if_idle() noexcept {
   if (config_.trim_idle_ms <= 0) return;
   const std::uint32_t version = pool_->list_version();
-  if (version == trim_left_version_) return;
+  const bool pool_left = version == trim_left_version_;
+  if (pool_left && recv_blocks::cached_bytes() == 0) return;
   const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                                std::chrono::steady_clock::now().time_since_epoch()).count();
+  const std::int64_t rest = std::int64_t{config_.trim_idle_ms} * 1000000;
+  (void)recv_blocks::release_if_rested(now, rest);
+  if (pool_left) return;
   if (version != trim_seen_version_ || trim_seen_ns_ == 0) {
     trim_seen_version_ = version;
     trim_seen_ns_ = now;
     return;
   }
-  if (now - trim_seen_ns_ < std::int64_t{config_.trim_idle_ms} * 1000000) return;
+  if (now - trim_seen_ns_ < rest) return;
   try {
     (void)trim_memory();
   } catch (...) {

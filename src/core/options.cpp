@@ -290,7 +290,7 @@ const RuntimeOptionTable& runtime_option_table() {
                  &O::fragment_max, &S::fragment_max),
           option({"recv_cache", "FERRY_RECV_CACHE", T::size, "268435456", {}, 0, std::size_t{1} << 40, nullptr,
                   "bytes of large receive buffers (rendezvous and reassembled payloads) a process keeps for "
-                  "reuse once the application drops them; 0: each is freed"},
+                  "reuse once the application drops them, freed once unused for FERRY_TRIM_IDLE_MS; 0: each is freed"},
                  &O::recv_cache, &S::recv_cache),
           option({"recv_huge", "FERRY_RECV_HUGE", T::size, "1048576", {}, 0, std::size_t{1} << 40, nullptr,
                   "large receive buffers of at least this many bytes are mappings of their own on 2 MiB pages "
@@ -299,9 +299,10 @@ const RuntimeOptionTable& runtime_option_table() {
                  &O::recv_huge, &S::recv_huge),
           option({"trim_idle_ms", "FERRY_TRIM_IDLE_MS", T::count, "10000", {}, 0, 86400000, nullptr,
                   "a device whose shared list of free packets nobody took from or returned to for this many "
-                  "milliseconds gives the pages inside their payloads back to the system (Device::trim_memory), "
-                  "once per rest, as progress sees it every 1024 calls; they fault in again when next used; "
-                  "0: never; nothing where a transport pins registered memory (verbs-style providers, UCX)"},
+                  "milliseconds gives the pages inside their payloads back to the system (Device::trim_memory; "
+                  "not where a transport pins registered memory: verbs-style providers, UCX), and the process's "
+                  "cache of large receive buffers (FERRY_RECV_CACHE) unused as long is freed; once per rest, as "
+                  "progress sees it every 1024 calls; the memory is made again when next needed; 0: never"},
                  &O::trim_idle_ms, &S::trim_idle_ms),
           option({"rdv_read", "FERRY_RDV_READ", T::choice, "auto", {"auto", "read", "push"}, 0, 0, nullptr,
                   "how a rendezvous into a receive buffer of ferry's moves its data where the transport "

@@ -41,6 +41,9 @@ static_assert(sizeof(Class) % cache_line == 0 && alignof(Class) == cache_line, "
 struct Cache {
   Class classes[kClasses];
   alignas(cache_line) std::atomic<std::size_t> cached{0};
+  // Every take and give counts here: unchanged over a while, the cache rested (relaxed: a hint
+  // for release_if_rested, ordering nothing).
+  std::atomic<std::uint64_t> uses{0};
   std::atomic<std::size_t> limit{std::size_t{256} << 20};
   std::atomic<std::size_t> huge_from{0};  // 0: never
 };
@@ -104,6 +107,7 @@ void* take(std::size_t size, std::size_t offset) noexcept {
   offset &= cache_line - 1;
   const unsigned k = class_of(size);
   Cache& c = cache();
+  c.uses.fetch_add(1, std::memory_order_relaxed);
   if (k < kClasses) {
     Class& cl = c.classes[k];
     void* block = nullptr;
@@ -136,6 +140,7 @@ void give(void* block) noexcept {
   Prefix* p = prefix_of(block);
   const std::uint32_t k = p->klass;
   Cache& c = cache();
+  c.uses.fetch_add(1, std::memory_order_relaxed);
   if (k != kUncached) {
     const std::size_t bytes = p->footprint;
     if (c.cached.load(std::memory_order_relaxed) + bytes <= c.limit.load(std::memory_order_relaxed)) {
@@ -156,10 +161,13 @@ void give(void* block) noexcept {
   release_memory(p);
 }
 
-void set_limit(std::size_t bytes) noexcept {
+namespace {
+
+// Hands kept blocks back to the allocator, largest first, until the cache holds at most
+// `bytes`; returns the bytes handed back.
+std::size_t shrink_to(std::size_t bytes) noexcept {
   Cache& c = cache();
-  c.limit.store(bytes, std::memory_order_relaxed);
-  // Hand kept blocks back to the allocator, largest first, until the cache fits the new limit.
+  std::size_t freed = 0;
   for (unsigned k = kClasses; k-- > 0;) {
     Class& cl = c.classes[k];
     while (c.cached.load(std::memory_order_relaxed) > bytes) {
@@ -170,9 +178,51 @@ void set_limit(std::size_t bytes) noexcept {
       if (raw == nullptr) break;
       auto* p = static_cast<Prefix*>(raw);
       c.cached.fetch_sub(p->footprint, std::memory_order_relaxed);
+      freed += p->footprint;
       release_memory(p);
     }
   }
+  return freed;
+}
+
+// release_if_rested's view of the cache, guarded by `busy` (one caller at a time; others
+// return at once): the use count last seen, since when, and the count the last release left.
+struct Rest {
+  std::atomic_flag busy;
+  std::uint64_t seen_uses = 0;
+  std::int64_t seen_ns = 0;
+  std::uint64_t left_uses = ~std::uint64_t{0};
+};
+Rest& rest() noexcept {
+  static Rest* r = new Rest;  // never destroyed, as the cache
+  return *r;
+}
+
+}  // namespace
+
+void set_limit(std::size_t bytes) noexcept {
+  cache().limit.store(bytes, std::memory_order_relaxed);
+  (void)shrink_to(bytes);
+}
+
+std::size_t release_cached() noexcept { return shrink_to(0); }
+
+std::size_t release_if_rested(std::int64_t now_ns, std::int64_t rest_ns) noexcept {
+  Cache& c = cache();
+  if (c.cached.load(std::memory_order_relaxed) == 0) return 0;
+  Rest& r = rest();
+  if (r.busy.test_and_set(std::memory_order_acquire)) return 0;
+  std::size_t freed = 0;
+  const std::uint64_t uses = c.uses.load(std::memory_order_relaxed);
+  if (uses != r.seen_uses || r.seen_ns == 0) {
+    r.seen_uses = uses;
+    r.seen_ns = now_ns;
+  } else if (uses != r.left_uses && now_ns - r.seen_ns >= rest_ns) {
+    freed = shrink_to(0);
+    r.left_uses = uses;  // the release itself takes and gives nothing through take and give
+  }
+  r.busy.clear(std::memory_order_release);
+  return freed;
 }
 
 void set_huge_from(std::size_t bytes) noexcept { cache().huge_from.store(bytes, std::memory_order_relaxed); }

@@ -36,6 +36,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace ferry::detail {
 
@@ -56,6 +57,13 @@ void set_huge_from(std::size_t bytes) noexcept;
 bool huge(const void* block) noexcept;
 // Bytes kept now (exact when no thread is in take or give).
 std::size_t cached_bytes() noexcept;
+// Frees every kept block; returns the bytes they held.
+std::size_t release_cached() noexcept;
+// Frees every kept block once no take or give has happened for `rest_ns` (steady clock, as
+// `now_ns`), as seen by the calls to this that came since; returns the bytes freed. Called
+// periodically (FERRY_TRIM_IDLE_MS, from progress's slow path); one caller at a time, others
+// return 0 at once. A cache released stays so until it is used again.
+std::size_t release_if_rested(std::int64_t now_ns, std::int64_t rest_ns) noexcept;
 
 // A Buffer::Release for blocks from take().
 inline void release(void*, void* block) noexcept { give(block); }

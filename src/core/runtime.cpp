@@ -202,7 +202,8 @@ Footprint RuntimeImpl::footprint() const {
   Footprint f{.devices = {},
               .bootstrap_reads = bootstrap_reads_ + lazy,
               .address_reads = address_reads_ + lazy,
-              .keepalive_links = keepalive_links_};
+              .keepalive_links = keepalive_links_,
+              .recv_cache_bytes = recv_blocks::cached_bytes()};
   for (const auto& d : devices_) f.devices.push_back(d->footprint());
   return f;
 }

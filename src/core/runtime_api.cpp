@@ -1,6 +1,7 @@
 // runtime_api.cpp — the bodies of the public handles (Runtime, Exposure, version) over
 // RuntimeImpl and the owners it wires (target table, failures, barrier): argument checks that
 // name the argument, then the call.
+#include "core/recv_blocks.hpp"
 #include "core/runtime_impl.hpp"
 #include "ferry/error.hpp"
 
@@ -44,7 +45,7 @@ void Runtime::barrier() {
 std::vector<int> Runtime::failed_ranks() const { return impl_->failures().failed_ranks(); }
 Footprint Runtime::footprint() const { return impl_->footprint(); }
 std::size_t Runtime::trim_memory() {
-  std::size_t bytes = 0;
+  std::size_t bytes = detail::recv_blocks::release_cached();
   for (int d = 0; d < device_count(); ++d) bytes += device(d).trim_memory();
   return bytes;
 }

@@ -130,26 +130,34 @@ std::size_t rss_anon_bytes() {
 }
 
 // Holds `count` messages of `size` bytes from the left neighbour at once, checks each, and
-// lets them go (their packets back to the pool).
+// lets them go (their packets back to the pool). Returns once this rank's own messages are
+// complete too: a large one is read from `out` by its receiver after the post returns.
 void hold_and_release(ferry::Device& dev, ferry::CompletionQueue& inbox, std::size_t count, std::size_t size,
                       ferry::Tag first_tag) {
   std::vector<unsigned char> out(size);
   fill(out, rt().rank());
   std::vector<ferry::Completion> held;
+  ferry::CompletionQueue sent;
+  std::size_t sends_open = 0;
   const auto take = [&] {
     while (auto c = inbox.pop()) held.push_back(std::move(*c));
+    while (auto c = sent.pop()) {
+      EXPECT_EQ(c->error, 0) << "a send failed";
+      --sends_open;
+    }
   };
   for (std::size_t i = 0; i < count; ++i) {
     const ferry::Status s = post_retry(dev, [&] {
       return dev.post_am({.rank = right(), .buffer = out.data(), .size = out.size(), .target = {12},
-                          .tag = first_tag + static_cast<ferry::Tag>(i)});
+                          .tag = first_tag + static_cast<ferry::Tag>(i), .local = &sent});
     });
     ASSERT_FALSE(s.is_failed()) << "peer " << s.rank << " failed";
+    if (s.is_posted()) ++sends_open;
     take();
   }
   ASSERT_TRUE(wait_until(dev, [&] {
     take();
-    return held.size() == count;
+    return held.size() == count && sends_open == 0;
   }));
   for (const ferry::Completion& c : held) {
     ASSERT_EQ(c.buffer.size(), size);
@@ -189,8 +197,29 @@ TEST(Footprint, TrimmedPacketsGiveTheirPagesBackAndCarryMessagesAgain) {
     EXPECT_GE(rss_before, rss_after + listed * 4096 / 2)
         << "RssAnon " << rss_before << " -> " << rss_after << " after giving back " << given << " bytes";
   }
+  rt().barrier();  // no rank sends again while another measures (a progress thread would take packets)
   // The same packets carry messages again: their pages fault back in (as zeros) and are filled.
   hold_and_release(dev, inbox, count, size, 100000);
+  rt().barrier();
+}
+
+// Large messages arrive in blocks the process keeps for reuse (FERRY_RECV_CACHE); the
+// runtime's trim_memory frees them, and they are made anew for the next large messages.
+TEST(Footprint, TheRuntimeFreesItsCacheOfLargeReceiveBuffersWhenAsked) {
+  if (rt().options().settings.recv_cache < (std::size_t{8} << 20)) GTEST_SKIP() << "FERRY_RECV_CACHE below 8 MiB";
+  ferry::Device& dev = rt().device();
+  ferry::CompletionQueue inbox;
+  ferry::Exposure ex = rt().expose(inbox, 12);
+  rt().barrier();
+  constexpr std::size_t kLarge = std::size_t{1} << 20;
+  hold_and_release(dev, inbox, 4, kLarge, 400000);
+  rt().barrier();
+  const std::size_t cached = rt().footprint().recv_cache_bytes;
+  EXPECT_GE(cached, kLarge) << "the four 1 MiB messages' blocks are kept for reuse";
+  EXPECT_GE(rt().trim_memory(), cached);
+  EXPECT_EQ(rt().footprint().recv_cache_bytes, 0u);
+  rt().barrier();  // no rank sends again while another measures (a progress thread would take blocks)
+  hold_and_release(dev, inbox, 4, kLarge, 400100);
   rt().barrier();
 }
 
@@ -207,12 +236,21 @@ TEST(Footprint, ADeviceAtRestGivesItsFreePacketsPagesBackByItself) {
   const std::size_t size = std::min<std::size_t>(dev.eager_limit(), rt().options().settings.packet_size - 256);
   const std::size_t count = std::min<std::size_t>(512, dev.footprint().packets_max / 4);
   hold_and_release(dev, inbox, count, size, 200000);
+  hold_and_release(dev, inbox, 2, std::size_t{1} << 20, 250000);  // large buffers for the cache
   rt().barrier();
+  const bool cache_kept = rt().footprint().recv_cache_bytes != 0;
   const ferry::DeviceFootprint before = dev.footprint();
   const auto rest = std::chrono::milliseconds(3 * idle_ms + 2000);
   const auto until = std::chrono::steady_clock::now() + rest;
-  while (std::chrono::steady_clock::now() < until && dev.footprint().trims == before.trims) dev.progress();
+  const auto resting = [&] {
+    return dev.footprint().trims == before.trims || (cache_kept && rt().footprint().recv_cache_bytes != 0);
+  };
+  while (std::chrono::steady_clock::now() < until && resting()) dev.progress();
   const ferry::DeviceFootprint rested = dev.footprint();
+  // The cache of large receive buffers rested as long: freed, over every transport.
+  if (cache_kept) {
+    EXPECT_EQ(rt().footprint().recv_cache_bytes, 0u) << "the cache of large receive buffers was kept";
+  }
   const bool pins = rt().transport().find("ucx") != std::string::npos ||
                     (rt().transport().find("ofi") != std::string::npos &&
                      rt().transport().find("tcp") == std::string::npos && rt().transport().find("ofi/shm") == std::string::npos);
@@ -227,6 +265,7 @@ TEST(Footprint, ADeviceAtRestGivesItsFreePacketsPagesBackByItself) {
     while (std::chrono::steady_clock::now() < more) dev.progress();
     EXPECT_EQ(dev.footprint().trims, rested.trims) << "trimmed again with no traffic in between";
   }
+  rt().barrier();  // every rank's rest is over before any sends again
   hold_and_release(dev, inbox, count, size, 300000);
   rt().barrier();
 }
