@@ -165,6 +165,20 @@ void hold_and_release(ferry::Device& dev, ferry::CompletionQueue& inbox, std::si
   }
 }
 
+// Nearly a packet's payload (a wire header and room to spare): each such message is held in a
+// packet of its own, every page wholly inside the payload written.
+std::size_t packet_filling_size(ferry::Device& dev) {
+  return std::min<std::size_t>(dev.eager_limit(), rt().options().settings.packet_size - 256);
+}
+// Messages held at once to make the pool grow well past its first batch.
+std::size_t packets_to_hold(ferry::Device& dev) { return std::min<std::size_t>(512, dev.footprint().packets_max / 4); }
+// Whether this job's transports pin registered memory, so that no packet's pages are given back.
+bool registrations_pin() {
+  const std::string t = rt().transport();
+  return t.find("ucx") != std::string::npos ||
+         (t.find("ofi") != std::string::npos && t.find("tcp") == std::string::npos && t.find("ofi/shm") == std::string::npos);
+}
+
 }  // namespace
 
 // A device at rest gives its free packets' payload pages back (Device::trim_memory), unless a
@@ -174,18 +188,14 @@ TEST(Footprint, TrimmedPacketsGiveTheirPagesBackAndCarryMessagesAgain) {
   ferry::CompletionQueue inbox;
   ferry::Exposure ex = rt().expose(inbox, 12);
   rt().barrier();
-  // Nearly a packet's payload (a wire header and room to spare): each message is held in a
-  // packet of its own, every page wholly inside the payload written.
-  const std::size_t size = std::min<std::size_t>(dev.eager_limit(), rt().options().settings.packet_size - 256);
-  const std::size_t count = std::min<std::size_t>(512, dev.footprint().packets_max / 4);
+  const std::size_t size = packet_filling_size(dev);
+  const std::size_t count = packets_to_hold(dev);
   hold_and_release(dev, inbox, count, size, 0);
   rt().barrier();  // every rank's packets are back: nothing of this test is in flight
   const std::size_t rss_before = rss_anon_bytes();
   const std::size_t given = dev.trim_memory();
   const std::size_t rss_after = rss_anon_bytes();
-  const bool pins = rt().transport().find("ucx") != std::string::npos ||
-                    (rt().transport().find("ofi") != std::string::npos &&
-                     rt().transport().find("tcp") == std::string::npos && rt().transport().find("ofi/shm") == std::string::npos);
+  const bool pins = registrations_pin();
   if (pins) {
     EXPECT_EQ(given, 0u) << rt().transport() << " pins its registrations: nothing is given back";
   } else {
@@ -233,8 +243,8 @@ TEST(Footprint, ADeviceAtRestGivesItsFreePacketsPagesBackByItself) {
   ferry::CompletionQueue inbox;
   ferry::Exposure ex = rt().expose(inbox, 12);
   rt().barrier();
-  const std::size_t size = std::min<std::size_t>(dev.eager_limit(), rt().options().settings.packet_size - 256);
-  const std::size_t count = std::min<std::size_t>(512, dev.footprint().packets_max / 4);
+  const std::size_t size = packet_filling_size(dev);
+  const std::size_t count = packets_to_hold(dev);
   hold_and_release(dev, inbox, count, size, 200000);
   hold_and_release(dev, inbox, 2, std::size_t{1} << 20, 250000);  // large buffers for the cache
   rt().barrier();
@@ -251,9 +261,7 @@ TEST(Footprint, ADeviceAtRestGivesItsFreePacketsPagesBackByItself) {
   if (cache_kept) {
     EXPECT_EQ(rt().footprint().recv_cache_bytes, 0u) << "the cache of large receive buffers was kept";
   }
-  const bool pins = rt().transport().find("ucx") != std::string::npos ||
-                    (rt().transport().find("ofi") != std::string::npos &&
-                     rt().transport().find("tcp") == std::string::npos && rt().transport().find("ofi/shm") == std::string::npos);
+  const bool pins = registrations_pin();
   if (pins) {
     EXPECT_EQ(rested.trims, before.trims) << rt().transport() << " pins its registrations";
   } else {
