@@ -56,11 +56,15 @@ case "$sanitize" in
   # mp_netns_link_cut_4 the keepalive, and the parcel and AMT hybrid jobs stay.
   # amt_ucx_sm_2_peer_failure: at the survivor's exit LeakSanitizer's tracer crashes (signal 11)
   # scanning the threads since UCX comes in a dlopen'ed module: it runs apart, under ASan and
-  # UBSan with the leak check off.
+  # UBSan with the leak check off. So does mp_interop_openmpi_mpirun: under Open MPI's launcher
+  # (libpmix and its dlopen'ed plugins) the tracer reads a garbage entry of the main thread's
+  # dynamic TLS ("DTLS 10 at 0x000000000a68-0x002400001b6a" with LSAN_OPTIONS=verbosity=1:
+  # log_threads=1) and crashes the same way, as the libraries' layout falls; its leak check with
+  # verbosity on reports only libpmix's own allocations, which lsan.supp suppresses.
   address) export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no
            run "large|tsan_only|lock_model|ofi_tcp|ucx_tcp|ucx_design" \
-             -E "^(amt_ucx_sm_2_peer_failure|mp_(shm|ofi_shm|ucx_sm)_4|parcel_(mpi|mpi_a|mpix|ferry_plain|ferry_iovec)_4|mp_hybrid_4|mp_netns_hosts_4|parcel_ferry_(am|sendrecv|progress|polling|queues|sync)_.*)$"
-           ASAN_OPTIONS=detect_leaks=0 ctest "${args[@]}" -R '^amt_ucx_sm_2_peer_failure$' ;;
+             -E "^(amt_ucx_sm_2_peer_failure|mp_interop_openmpi_mpirun|mp_(shm|ofi_shm|ucx_sm)_4|parcel_(mpi|mpi_a|mpix|ferry_plain|ferry_iovec)_4|mp_hybrid_4|mp_netns_hosts_4|parcel_ferry_(am|sendrecv|progress|polling|queues|sync)_.*)$"
+           ASAN_OPTIONS=detect_leaks=0 ctest "${args[@]}" -R '^(amt_ucx_sm_2_peer_failure|mp_interop_openmpi_mpirun)$' ;;
   # The concurrent data structures (the shared-memory cell queue and transport included), the
   # stress tests over both shared-memory paths and UCX's, and the combining lock models.
   # libferry links UCX, whose memory hooks (libucm, installed at load) crash TSan's runtime:
