@@ -1,6 +1,7 @@
 // ferry/ferry.hpp — everything an application needs.
 #pragma once
 
+#include "ferry/coll.hpp"
 #include "ferry/completion.hpp"
 #include "ferry/error.hpp"
 #include "ferry/options.hpp"

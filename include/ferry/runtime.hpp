@@ -24,6 +24,7 @@ namespace ferry {
 namespace detail {
 class RuntimeImpl;
 class DeviceImpl;
+struct CoreAccess;
 class LockModelImpl;
 struct RegionImpl;
 }  // namespace detail
@@ -205,6 +206,7 @@ class Device {
 
  private:
   friend class detail::RuntimeImpl;
+  friend struct detail::CoreAccess;  // core/extension.cpp: the layers above the core reach the device
   Device(detail::DeviceImpl* impl, detail::LockModelImpl* lock_model) noexcept : impl_(impl), lock_model_(lock_model) {}
   detail::DeviceImpl* impl_;
   // The lock model in force (FERRY_LOCK_MODEL), or null for lockless and serialized: calls
@@ -304,6 +306,7 @@ class Runtime {
   std::string kv_get(int rank, const std::string& key);
 
  private:
+  friend struct detail::CoreAccess;  // core/extension.cpp: the layers above the core reach the runtime
   std::unique_ptr<detail::RuntimeImpl> impl_;
 };
 

@@ -45,6 +45,7 @@ const char* to_string(OpKind kind) noexcept {
     case OpKind::get: return "get";
     case OpKind::remote_put: return "remote_put";
     case OpKind::remote_am: return "remote_am";
+    case OpKind::coll: return "coll";
   }
   return "?";
 }

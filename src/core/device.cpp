@@ -27,6 +27,10 @@ DeviceImpl::DeviceImpl(const DeviceParts& parts, int index, const Config& config
 }
 
 DeviceImpl::~DeviceImpl() {
+  // Nothing may signal the extension once it goes; it holds received Buffers, whose packets go
+  // back to the pool.
+  if (extension_owner_ != nullptr) targets_.unexpose_collectives();
+  extension_owner_.reset();
   // Cancel what the transports still hold, then give the packets back so the pool can go.
   for (Link& l : links_) l.transport->cancel_all();
   for (int i = 0; i < spare_count_; ++i) pool_->put_shared(spare_[static_cast<std::size_t>(i)]);

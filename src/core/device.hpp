@@ -40,6 +40,7 @@
 #include "common/spinlock.hpp"
 #include "core/config.hpp"
 #include "core/device_context.hpp"
+#include "core/extension.hpp"
 #include "core/matching.hpp"
 #include "core/packet_pool.hpp"
 #include "core/protocols/eager.hpp"
@@ -136,6 +137,18 @@ class DeviceImpl : public DeviceContext {
   // Sends a Runtime::barrier step to `rank`; false when it must be retried.
   bool post_barrier_step(int rank, std::uint32_t step);
 
+  // The device's extension, made by `make` on the first call (any thread; later calls return
+  // the first one's). Acquire, paired with the release that installs it.
+  DeviceExtension& extension(const std::function<std::unique_ptr<DeviceExtension>()>& make) {
+    if (DeviceExtension* e = extension_.load(std::memory_order_acquire)) return *e;
+    std::lock_guard<std::mutex> guard(extension_mutex_);
+    if (extension_owner_ == nullptr) {
+      extension_owner_ = make();
+      extension_.store(extension_owner_.get(), std::memory_order_release);
+    }
+    return *extension_owner_;
+  }
+
  private:
   // The checks of each post, inline on its fast path (validate runs the same ones). The
   // iovec check returns the zero-copy parts' total, the put check the notification data.
@@ -201,8 +214,12 @@ class DeviceImpl : public DeviceContext {
     if (staged_count_ != 0) flush_staged_slow();
   }
   void flush_staged_slow() noexcept;
-  // The slow path of progress: the peer check, every 1024 calls, and failures not yet acted on.
+  // The slow path of progress: the peer check, every 1024 calls, and failures not yet acted on;
+  // then the extension's.
   void check_failures();
+  std::mutex extension_mutex_;
+  std::unique_ptr<DeviceExtension> extension_owner_;       // under extension_mutex_
+  std::atomic<DeviceExtension*> extension_{nullptr};
   // Signals each receive taken off the matching engine for failed `rank` with the failure.
   void fail_recvs(int rank);
 

@@ -18,14 +18,18 @@ void DeviceImpl::check_failures() {
   trim_if_idle();
   failures_.check_peers();
   const std::uint32_t count = failures_.failure_count();
-  if (count == failures_seen_) return;
-  failures_seen_ = count;
-  if (handled_.empty()) handled_.assign(static_cast<std::size_t>(size_), 0);
-  for (int r = 0; r < size_; ++r) {
-    if (handled_[static_cast<std::size_t>(r)] != 0 || !peer_down(r)) continue;
-    handled_[static_cast<std::size_t>(r)] = 1;
-    fail_peer(r);
+  if (count != failures_seen_) {
+    failures_seen_ = count;
+    if (handled_.empty()) handled_.assign(static_cast<std::size_t>(size_), 0);
+    for (int r = 0; r < size_; ++r) {
+      if (handled_[static_cast<std::size_t>(r)] != 0 || !peer_down(r)) continue;
+      handled_[static_cast<std::size_t>(r)] = 1;
+      fail_peer(r);
+    }
   }
+  // After the device's own operations with a failed peer ended. Acquire, paired with
+  // extension()'s release: the extension is constructed.
+  if (DeviceExtension* e = extension_.load(std::memory_order_acquire)) e->slow_path();
 }
 
 void DeviceImpl::fail_recvs(int rank) {

@@ -149,7 +149,11 @@ template void DeviceImpl::validate(const PutArgs&) const;
 template void DeviceImpl::validate(const GetArgs&) const;
 
 inline void DeviceImpl::check_target(const char* call, std::uint16_t id) const {
-  if (__builtin_expect(id >= targets_.max_targets(), 0)) throw_target(call, id, targets_.max_targets());
+  // The collectives' id is beyond the application's: a message to it is checked by their
+  // engine like any bytes from the wire.
+  if (__builtin_expect(id >= targets_.max_targets(), 0) && id != TargetTable::kCollectiveTarget) {
+    throw_target(call, id, targets_.max_targets());
+  }
 }
 
 // ---- posts ------------------------------------------------------------------------------

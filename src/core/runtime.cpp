@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <string>
+#include <unordered_map>
 
 #include "common/cpu_relax.hpp"
 #include "common/log.hpp"
@@ -50,6 +52,11 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) : options_(resolve_optio
   const std::vector<std::string> hosts =
       exchange_hosts(counted, config_.host.empty() ? hostname() : config_.host, options_, failures_->watch());
   const TransportPlan plan = plan_transports(options_.value("transport"), options_.value("network"), hosts, rank_);
+  {
+    std::unordered_map<std::string, std::uint32_t> first;  // host -> its lowest rank
+    host_of_.resize(hosts.size());
+    for (std::size_t r = 0; r < hosts.size(); ++r) host_of_[r] = first.try_emplace(hosts[r], static_cast<std::uint32_t>(r)).first->second;
+  }
   // Each device's transports, in this order: [network][host][self], each one that is used.
   std::vector<std::string> used;
   for (const std::string& name : {plan.network, plan.host, plan.self}) {

@@ -58,6 +58,8 @@ class RuntimeImpl final : private BarrierDevices {
   PeerFailures& failures() noexcept { return *failures_; }
   const PeerFailures& failures() const noexcept { return *failures_; }
   Barrier& barrier() noexcept { return *barrier_; }
+  // By rank, the lowest rank on its host: ranks with one value share a host (a "host" Team).
+  const std::vector<std::uint32_t>& host_of() const noexcept { return host_of_; }
   // What a device built on this runtime uses of it.
   DeviceParts device_parts() noexcept { return DeviceParts{rank_, size_, *targets_, *failures_, *barrier_}; }
 
@@ -92,6 +94,7 @@ class RuntimeImpl final : private BarrierDevices {
   std::size_t keepalive_links_ = 0;
   int rank_ = 0;
   int size_ = 1;
+  std::vector<std::uint32_t> host_of_;
   // The backends this process opened, in each device's transport order; declared before
   // failures_ (whose keepalive channel is made by the network backend) and devices_, so they
   // outlive every transport they made.

@@ -25,6 +25,20 @@ void TargetTable::expose(CompletionObject& object, std::uint16_t id) {
   if (!targets_[id].compare_exchange_strong(expected, entry, std::memory_order_release, std::memory_order_relaxed)) {
     throw Error("expose: id=" + std::to_string(id) + " is already exposed");
   }
+  hand_over(object, id);
+}
+
+void TargetTable::expose_collectives(CompletionObject& object) {
+  const std::uintptr_t entry = reinterpret_cast<std::uintptr_t>(&object) | (object.batches() ? 0 : kAtOnce);
+  std::uintptr_t expected = 0;
+  // Release, as expose's.
+  if (!collectives_.compare_exchange_strong(expected, entry, std::memory_order_release, std::memory_order_relaxed)) {
+    throw Error("expose: the collectives' target is already exposed");
+  }
+  hand_over(object, kCollectiveTarget);
+}
+
+void TargetTable::hand_over(CompletionObject& object, std::uint16_t id) {
   std::lock_guard<std::mutex> guard(park_mutex_);
   for (auto it = parked_.begin(); it != parked_.end();) {
     if (it->first == id) {
@@ -41,14 +55,14 @@ void TargetTable::deliver(std::uint16_t id, Completion&& completion) noexcept {
     t->signal(std::move(completion));
     return;
   }
-  if (id >= max_targets_) {
+  if (id >= max_targets_ && id != kCollectiveTarget) {
     // No expose() can name it: parked, it would wait forever. The sender's id is not ours.
     FERRY_LOG_AT(warn, rank_, -1, "dropped a message from rank %d for target %u: FERRY_MAX_TARGETS=%zu", completion.rank,
                  id, max_targets_);
     return;
   }
   std::lock_guard<std::mutex> guard(park_mutex_);
-  if (CompletionObject* t = object_at(targets_[id].load(std::memory_order_acquire))) {
+  if (CompletionObject* t = exposed(id)) {
     t->signal(std::move(completion));
     return;
   }

@@ -3,6 +3,8 @@
 // checked batch of active messages of every protocol's size.
 #pragma once
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -23,6 +25,19 @@ inline int g_rank = -1;
   std::fprintf(stderr, "rank %d: FAIL: %s\n", g_rank, what.c_str());
   std::fflush(stderr);
   std::_Exit(1);
+}
+
+// A victim test's argument (threads, 1..max) and its start once the runtime is up: the rank
+// for fail(), at least 2 ranks, and the pid line peer_failure.sh checks the processes by.
+inline int threads_argument(int argc, char** argv, int max) {
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
+  if (threads < 1 || threads > max) fail(std::string("threads=") + (argc > 1 ? argv[1] : "") + " must be 1.." + std::to_string(max));
+  return threads;
+}
+inline void started(const ferry::Runtime& rt) {
+  g_rank = rt.rank();
+  if (rt.size() < 2) fail("needs at least 2 ranks");
+  std::fprintf(stderr, "rank %d pid %d\n", rt.rank(), static_cast<int>(getpid()));
 }
 
 inline unsigned char pattern(int src, std::size_t size, std::size_t i) {

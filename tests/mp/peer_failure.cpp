@@ -42,14 +42,10 @@ constexpr ferry::Tag kBefore = 1, kAfter = 2, kDone = 3, kFlood = 4, kNeverSent 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
-  if (threads < 1 || threads > 16) fail(std::string("threads=") + (argc > 1 ? argv[1] : "") + " must be 1..16");
+  const int threads = threads_argument(argc, argv, 16);
   ferry::Runtime rt;
-  g_rank = rt.rank();
+  started(rt);  // the test script checks that exactly these processes are gone afterwards
   const int me = rt.rank(), n = rt.size(), victim = n - 1;
-  if (n < 2) fail("needs at least 2 ranks");
-  // The test script checks that exactly these processes are gone afterwards.
-  std::fprintf(stderr, "rank %d pid %d\n", me, static_cast<int>(getpid()));
   ferry::Device& dev = rt.device();
   ferry::CompletionQueue inbox;
   ferry::Exposure exposure = rt.expose(inbox, kInbox);

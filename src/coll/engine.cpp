@@ -1,0 +1,468 @@
+// engine.cpp — the execution of collectives (TeamImpl's rounds) and the Engine's messages:
+// what arrives, the sends and their completions, retries and failures.
+#include "coll/engine.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "common/log.hpp"
+#include "ferry/error.hpp"
+
+namespace ferry::detail {
+
+namespace {
+
+// Beyond this many messages for teams this rank has not made, further ones are dropped (a
+// peer that runs that far ahead of this rank's team construction is not waited for).
+constexpr std::size_t kMaxOrphans = 1 << 16;
+
+// Devices other than 0 reach the runtime's one engine through this.
+class EngineLink final : public DeviceExtension {
+ public:
+  explicit EngineLink(Engine& engine) noexcept : engine_(engine) {}
+  void slow_path() noexcept override { engine_.slow_path(); }
+
+ private:
+  Engine& engine_;
+};
+
+}  // namespace
+
+// ---- TeamImpl ---------------------------------------------------------------------------
+
+TeamImpl::TeamImpl(Engine& engine, Device& device, std::uint64_t id, std::vector<int> members, int world_size)
+    : engine_(engine), device_(device), id_(id), members_(std::move(members)) {
+  const int self = engine.runtime().rank();
+  // A vector by job rank when the team is at least an eighth of the job: O(1) lookups for the
+  // world and large teams, memory proportional to the team for small ones.
+  if (members_.size() * 8 >= static_cast<std::size_t>(world_size)) {
+    index_by_rank_.assign(static_cast<std::size_t>(world_size), -1);
+    for (std::size_t i = 0; i < members_.size(); ++i) index_by_rank_[static_cast<std::size_t>(members_[i])] = static_cast<int>(i);
+  } else {
+    for (std::size_t i = 0; i < members_.size(); ++i) index_sorted_.emplace_back(members_[i], static_cast<int>(i));
+    std::sort(index_sorted_.begin(), index_sorted_.end());
+  }
+  me_ = index_of(self);
+}
+
+int TeamImpl::index_of(int world_rank) const noexcept {
+  if (!index_by_rank_.empty()) {
+    return world_rank >= 0 && static_cast<std::size_t>(world_rank) < index_by_rank_.size()
+               ? index_by_rank_[static_cast<std::size_t>(world_rank)]
+               : -1;
+  }
+  const auto it = std::lower_bound(index_sorted_.begin(), index_sorted_.end(), std::make_pair(world_rank, -1));
+  return it != index_sorted_.end() && it->first == world_rank ? it->second : -1;
+}
+
+int TeamImpl::failed_member() const noexcept {
+  for (int r : members_) {
+    if (engine_.peer_failed(r)) return r;
+  }
+  return -1;
+}
+
+namespace {
+
+std::uint64_t mix(std::uint64_t z) noexcept {  // splitmix64's finaliser
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+std::uint64_t TeamImpl::next_child_id(std::uint64_t salt, std::uint64_t extra) {
+  const std::uint64_t n = child_count_[salt]++;
+  const std::uint64_t z = mix(mix(mix(id_ ^ salt) + n) ^ extra);
+  return z < 2 ? z + 2 : z;  // 1 is the world's
+}
+
+Status TeamImpl::post(Schedule&& schedule, std::size_t bytes, CompletionObject* local, void* context) {
+  auto op = std::make_shared<Op>();
+  op->team = shared_from_this();
+  op->schedule = std::move(schedule);
+  op->local = local;
+  op->context = context;
+  op->bytes = bytes;
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (const int failed = failed_member(); failed >= 0) return Status::make_failed(failed);
+    op->seq = next_seq_++;
+    active_.emplace(op->seq, op);
+    if (auto it = unexpected_.find(op->seq); it != unexpected_.end()) {
+      op->early = std::move(it->second);
+      unexpected_.erase(it);
+    }
+    advance(*op, out);
+  }
+  engine_.run(out);
+  std::lock_guard<std::mutex> guard(mutex_);
+  op->in_post = false;
+  if (!op->finished) return Status::make_posted();
+  return op->error == 0 ? Status::make_done() : Status::make_failed(op->error_rank);
+}
+
+void TeamImpl::advance(Op& op, Outbox& out) {
+  const std::size_t elem = std::max<std::size_t>(1, size_of(op.schedule.reduction.type));
+  while (!op.finished) {
+    if (op.round == op.schedule.rounds.size()) {
+      finish(op, 0, -1, out);
+      return;
+    }
+    Round& r = op.schedule.rounds[op.round];
+    if (!op.round_started) {
+      op.round_started = true;
+      for (const LocalStep& l : r.locals) {
+        if (l.reduce) {
+          reduce_into(l.dst, l.src, l.size / elem, op.schedule.reduction);
+        } else {
+          std::memmove(l.dst, l.src, l.size);
+        }
+      }
+      op.sends_left = r.sends.size();
+      for (const SendStep& s : r.sends) {
+        auto* rec = new SendRec;
+        rec->op = active_.at(op.seq);
+        rec->rank = members_[static_cast<std::size_t>(s.peer)];
+        rec->header = CollHeader{kCollMagic, s.step, 0, id_, op.seq, s.size};
+        rec->data = s.data;
+        if (sizeof(CollHeader) + s.size <= device_.eager_limit()) {
+          // The data as it is now (the round's start): a receive of this round changes it later.
+          rec->eager.resize(sizeof(CollHeader) + s.size);
+          std::memcpy(rec->eager.data(), &rec->header, sizeof(CollHeader));
+          if (s.size != 0) std::memcpy(rec->eager.data() + sizeof(CollHeader), s.data, s.size);
+        }
+        out.sends.push_back(rec);
+      }
+      op.got.clear();
+      op.got.resize(r.recvs.size());
+      op.missing = r.recvs.size();
+      std::vector<Message> early = std::move(op.early);
+      op.early.clear();
+      for (Message& m : early) {
+        accept(op, std::move(m), out);
+        if (op.finished) return;
+      }
+    }
+    if (op.sends_left != 0 || op.missing != 0) return;
+    for (std::size_t i = 0; i < r.recvs.size(); ++i) {
+      const RecvStep& rs = r.recvs[i];
+      const Message& m = op.got[i];
+      if (rs.reduce) {
+        reduce_into(rs.dst, m.data, rs.size / elem, op.schedule.reduction);
+      } else if (rs.size != 0) {
+        std::memcpy(rs.dst, m.data, rs.size);
+      }
+    }
+    op.got.clear();  // the messages' Buffers go back to the device
+    ++op.round;
+    op.round_started = false;
+  }
+}
+
+void TeamImpl::accept(Op& op, Message&& m, Outbox& out) {
+  const Round& r = op.schedule.rounds[op.round];
+  for (std::size_t i = 0; i < r.recvs.size(); ++i) {
+    const RecvStep& rs = r.recvs[i];
+    if (rs.peer != m.src || rs.step != m.step || op.got[i].src >= 0) continue;
+    if (m.size != rs.size) {
+      FERRY_LOG_AT(warn, engine_.runtime().rank(), device_.index(),
+                   "collective %llu on team %llx: rank %d sent %zu bytes for step %u, %zu expected; the members "
+                   "disagree on the call's sizes",
+                   static_cast<unsigned long long>(op.seq), static_cast<unsigned long long>(id_), members_[static_cast<std::size_t>(m.src)],
+                   m.size, static_cast<unsigned>(m.step), rs.size);
+      finish(op, -EPROTO, members_[static_cast<std::size_t>(m.src)], out);
+      return;
+    }
+    op.got[i] = std::move(m);
+    --op.missing;
+    return;
+  }
+  op.early.push_back(std::move(m));  // for a later round (its sender is ahead of this rank)
+}
+
+void TeamImpl::finish(Op& op, int error, int rank, Outbox& out) {
+  if (op.finished) return;
+  op.finished = true;
+  op.error = error;
+  op.error_rank = rank;
+  op.got.clear();
+  op.early.clear();
+  auto it = active_.find(op.seq);
+  std::shared_ptr<Op> keep = it != active_.end() ? it->second : nullptr;
+  if (it != active_.end()) active_.erase(it);
+  if (!op.in_post && keep) out.finished.push_back(std::move(keep));
+}
+
+void TeamImpl::on_message(int src, std::uint64_t seq, std::uint16_t step, Message&& m) {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    m.src = index_of(src);
+    m.step = step;
+    if (m.src < 0 || m.src == me_) {
+      FERRY_LOG_AT(warn, engine_.runtime().rank(), device_.index(), "dropped a collective's message from rank %d: not a member of team %llx",
+                   src, static_cast<unsigned long long>(id_));
+      return;
+    }
+    if (seq >= next_seq_) {
+      unexpected_[seq].push_back(std::move(m));
+      return;
+    }
+    auto it = active_.find(seq);
+    if (it == active_.end()) return;  // an operation already ended (by a failure): nothing waits for it
+    std::shared_ptr<Op> op = it->second;
+    accept(*op, std::move(m), out);
+    advance(*op, out);
+  }
+  engine_.run(out);
+}
+
+void TeamImpl::send_complete(Op& op, int error, int rank) {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (op.finished) return;
+    if (error != 0) {
+      finish(op, error, rank, out);
+    } else {
+      --op.sends_left;
+      advance(op, out);
+    }
+  }
+  engine_.run(out);
+}
+
+void TeamImpl::fail_if_broken() {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (active_.empty()) return;
+    const int failed = failed_member();
+    if (failed < 0) return;
+    std::vector<std::shared_ptr<Op>> ops;
+    for (auto& [seq, op] : active_) ops.push_back(op);
+    for (auto& op : ops) finish(*op, peer_failed_error, failed, out);
+  }
+  engine_.run(out);
+}
+
+bool TeamImpl::running(const Op& op) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  return !op.finished;
+}
+
+void TeamImpl::clear() noexcept {
+  std::lock_guard<std::mutex> guard(mutex_);
+  active_.clear();
+  unexpected_.clear();
+}
+
+// ---- Engine -----------------------------------------------------------------------------
+
+Engine::Engine(Runtime& runtime) : runtime_(runtime) {
+  worlds_.resize(static_cast<std::size_t>(runtime.device_count()));
+  expose_collectives(runtime_, *this);
+}
+
+// The device that owns the engine unexposed it first (extension.hpp): nothing signals it now.
+Engine::~Engine() {
+  std::lock_guard<std::mutex> guard(mutex_);
+  for (SendRec* s : retry_) delete s;
+  retry_.clear();
+  for (auto& [id, team] : teams_) team->clear();
+  orphans_.clear();
+}
+
+Engine& Engine::of(Runtime& runtime) {
+  auto& engine = static_cast<Engine&>(device_extension(runtime.device(0), [&] { return std::make_unique<Engine>(runtime); }));
+  for (int d = 1; d < runtime.device_count(); ++d) {
+    (void)device_extension(runtime.device(d), [&] { return std::make_unique<EngineLink>(engine); });
+  }
+  return engine;
+}
+
+int Engine::world_size() const noexcept { return runtime_.size(); }
+
+bool Engine::peer_failed(int rank) const noexcept { return detail::peer_failed(runtime_, rank); }
+
+std::shared_ptr<TeamImpl> Engine::world(int device) {
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (auto& w = worlds_.at(static_cast<std::size_t>(device))) return w;
+  }
+  std::vector<int> all(static_cast<std::size_t>(runtime_.size()));
+  for (int r = 0; r < runtime_.size(); ++r) all[static_cast<std::size_t>(r)] = r;
+  // The world of device d: id 1 on device 0, and an id of its own on each other device.
+  const std::uint64_t id = device == 0 ? 1 : (0xD0000000ull + static_cast<std::uint64_t>(device));
+  auto team = add_team(device, id, std::move(all));
+  std::lock_guard<std::mutex> guard(mutex_);
+  auto& w = worlds_[static_cast<std::size_t>(device)];
+  if (!w) w = team;
+  return w;
+}
+
+std::shared_ptr<TeamImpl> Engine::add_team(int device, std::uint64_t id, std::vector<int> members) {
+  std::vector<Orphan> mine;
+  std::shared_ptr<TeamImpl> team;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (auto it = teams_.find(id); it != teams_.end()) return it->second;
+    team = std::make_shared<TeamImpl>(*this, runtime_.device(device), id, std::move(members), runtime_.size());
+    teams_.emplace(id, team);
+    for (auto it = orphans_.begin(); it != orphans_.end();) {
+      if (it->team == id) {
+        mine.push_back(std::move(*it));
+        it = orphans_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (Orphan& o : mine) team->on_message(o.src, o.seq, o.step, std::move(o.m));
+  return team;
+}
+
+void Engine::run(Outbox& out) {
+  while (!out.empty()) {
+    if (!out.finished.empty()) {
+      std::vector<std::shared_ptr<Op>> done = std::move(out.finished);
+      out.finished.clear();
+      for (auto& op : done) {
+        Completion c;
+        c.op = OpKind::coll;
+        c.rank = op->error_rank;
+        c.size = op->bytes;
+        c.context = op->context;
+        c.error = op->error;
+        op->local->signal(std::move(c));
+      }
+      continue;
+    }
+    SendRec* s = out.sends.front();
+    out.sends.pop_front();
+    post_send(s, out);
+  }
+}
+
+void Engine::post_send(SendRec* s, Outbox& out) {
+  Device& dev = s->op->team->device();
+  Status st;
+  if (!s->eager.empty()) {
+    st = dev.post_am(AmArgs{.rank = s->rank, .buffer = s->eager.data(), .size = s->eager.size(),
+                            .target = RemoteTarget{kCollectiveTarget}, .local = this, .context = s});
+  } else {
+    st = dev.post_am_iovec(AmIovecArgs{.rank = s->rank, .eager = IoPart{&s->header, sizeof(CollHeader)},
+                                       .parts = {IoPart{s->data, static_cast<std::size_t>(s->header.size)}},
+                                       .target = RemoteTarget{kCollectiveTarget}, .local = this, .context = s});
+  }
+  if (st.is_posted()) return;  // signal() completes it
+  if (st.is_retry()) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    retry_.push_back(s);
+    retry_count_.store(retry_.size(), std::memory_order_relaxed);
+    return;
+  }
+  std::unique_ptr<SendRec> owned(s);
+  TeamImpl& team = *owned->op->team;
+  if (st.is_failed()) {
+    team.send_complete(*owned->op, peer_failed_error, st.rank);
+  } else {
+    team.send_complete(*owned->op, 0, -1);
+  }
+  (void)out;
+}
+
+void Engine::signal(Completion&& c) noexcept {
+  try {
+    if (c.op == OpKind::remote_am) {
+      on_message(std::move(c));
+      return;
+    }
+    // One of this engine's sends completed (posted: a rendezvous, or an eager send the device
+    // reports later).
+    std::unique_ptr<SendRec> s(static_cast<SendRec*>(c.context));
+    if (s == nullptr) return;
+    const int error = c.error == 0 ? 0 : (c.error == peer_failed_error ? peer_failed_error : c.error);
+    s->op->team->send_complete(*s->op, error, error == 0 ? -1 : s->rank);
+  } catch (const std::exception& e) {
+    FERRY_LOG_AT(error, runtime_.rank(), -1, "collectives: %s", e.what());
+  }
+}
+
+void Engine::on_message(Completion&& c) {
+  if (c.error != 0) return;  // a message its sender's failure cut short: the failure ends its op
+  const auto malformed = [&](const char* why) {
+    malformed_.fetch_add(1, std::memory_order_relaxed);
+    FERRY_LOG_AT(warn, runtime_.rank(), -1, "dropped a malformed collective's message from rank %d: %s", c.rank, why);
+  };
+  if (c.buffer.size() < sizeof(CollHeader)) return malformed("shorter than its header");
+  CollHeader h;
+  std::memcpy(&h, c.buffer.data(), sizeof h);
+  if (h.magic != kCollMagic) return malformed("bad magic");
+  Message m;
+  if (c.parts.empty()) {
+    if (c.buffer.size() - sizeof(CollHeader) != h.size) return malformed("its size does not match its header");
+    m.data = static_cast<const unsigned char*>(c.buffer.data()) + sizeof(CollHeader);
+  } else {
+    if (c.parts.size() != 1 || c.buffer.size() != sizeof(CollHeader) || c.parts[0].size() != h.size) {
+      return malformed("its parts do not match its header");
+    }
+    m.data = static_cast<const unsigned char*>(c.parts[0].data());
+    m.part = std::move(c.parts[0]);
+  }
+  m.size = static_cast<std::size_t>(h.size);
+  m.holder = std::move(c.buffer);
+  std::shared_ptr<TeamImpl> team;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (auto it = teams_.find(h.team); it != teams_.end()) {
+      team = it->second;
+    } else if (orphans_.size() < kMaxOrphans) {
+      orphans_.push_back(Orphan{h.team, h.seq, c.rank, h.step, std::move(m)});
+      return;
+    } else {
+      return malformed("for a team this rank has not made, past the limit of messages kept for such teams");
+    }
+  }
+  team->on_message(c.rank, h.seq, h.step, std::move(m));
+}
+
+void Engine::slow_path() noexcept {
+  try {
+    std::vector<std::shared_ptr<TeamImpl>> teams;
+    std::deque<SendRec*> again;
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      if (retry_count_.load(std::memory_order_relaxed) != 0) {
+        again.swap(retry_);
+        retry_count_.store(0, std::memory_order_relaxed);
+      }
+      const std::uint32_t failures = runtime_.failure_count();
+      if (failures != failures_seen_) {
+        failures_seen_ = failures;
+        for (auto& [id, t] : teams_) teams.push_back(t);
+      }
+    }
+    for (auto& t : teams) t->fail_if_broken();
+    Outbox out;
+    for (SendRec* s : again) {
+      if (s->op->team->running(*s->op)) {
+        out.sends.push_back(s);
+      } else {
+        delete s;
+      }
+    }
+    run(out);
+  } catch (const std::exception& e) {
+    FERRY_LOG_AT(error, runtime_.rank(), -1, "collectives: %s", e.what());
+  }
+}
+
+}  // namespace ferry::detail

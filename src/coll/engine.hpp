@@ -1,0 +1,205 @@
+// engine.hpp — what runs ferry's collectives: the teams of one runtime (TeamImpl), each
+// collective in flight on them (Op, the execution of its Schedule), and the Engine that
+// sends their messages and takes in what arrives.
+//
+// Messages. Every message of a collective is an active message to the collectives' target
+// (TargetTable::kCollectiveTarget) on the team's device: a CollHeader naming the team, the
+// collective's sequence number on it and the step, then the data (eager: in the same payload;
+// larger: one zero-copy part). Everything in a header is checked before use; a message that
+// fails is dropped and logged, or, when it names an operation in flight with a size it does
+// not expect, ends that operation with -EPROTO.
+//
+// Matching. A team numbers its collectives in posting order (next_seq_); a message for a
+// number this rank has not posted yet waits in the team's unexpected list, one for a team this
+// rank has not made yet in the engine's orphans, one for a number already complete (possible
+// only after a failure) is dropped.
+//
+// Threads and locks. A team's state (its ops, their rounds, the unexpected list) is under the
+// team's mutex; the engine's (the team table, the orphans, the sends to retry) under the
+// engine's. Neither is ever held while posting to a device or signalling a completion object:
+// a post may run another thread's progress (lock models that combine), which may deliver a
+// collective's message and take the team's mutex. Work found under a lock goes into an Outbox,
+// carried out after it is released. Collectives are not the small-message path: a mutex is
+// taken per message.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "coll/schedule.hpp"
+#include "core/extension.hpp"
+#include "ferry/coll.hpp"
+#include "ferry/completion.hpp"
+
+namespace ferry::detail {
+
+class Engine;
+class TeamImpl;
+
+struct CollHeader {
+  std::uint32_t magic;
+  std::uint16_t step;
+  std::uint16_t reserved;
+  std::uint64_t team;
+  std::uint64_t seq;
+  std::uint64_t size;  // data bytes
+};
+static_assert(sizeof(CollHeader) == 32, "part of the wire format");
+inline constexpr std::uint32_t kCollMagic = 0x4C4F4346;  // "FCOL"
+
+// A message of a collective, as it arrived: its data stays in the Buffer ferry delivered.
+struct Message {
+  int src = -1;  // team index
+  std::uint16_t step = 0;
+  Buffer holder;  // the eager payload: header, and the data when it came eagerly
+  Buffer part;    // the data when it came as a zero-copy part
+  const unsigned char* data = nullptr;
+  std::size_t size = 0;
+};
+
+struct Op;
+
+// One message of an Op on its way: owned by the engine from its creation until its send
+// completed (posted: the device signals the engine with it as context).
+struct SendRec {
+  std::shared_ptr<Op> op;
+  int rank = -1;  // job rank
+  CollHeader header{};
+  const unsigned char* data = nullptr;
+  std::vector<unsigned char> eager;  // header and data, when it goes in one eager message
+};
+
+struct Op {
+  std::shared_ptr<TeamImpl> team;
+  std::uint64_t seq = 0;
+  Schedule schedule;
+  std::size_t round = 0;
+  bool round_started = false;
+  std::size_t sends_left = 0;  // the current round's sends not yet complete
+  std::size_t missing = 0;     // its receives not yet arrived
+  std::vector<Message> got;    // by receive index, for the current round
+  std::vector<Message> early;  // arrived for a later round
+  CompletionObject* local = nullptr;
+  void* context = nullptr;
+  std::size_t bytes = 0;  // Completion::size
+  bool in_post = true;    // the posting thread is still inside post: it reports the end itself
+  bool finished = false;
+  int error = 0;
+  int error_rank = -1;
+};
+
+// What a locked section leaves to do once the lock is released.
+struct Outbox {
+  std::deque<SendRec*> sends;
+  std::vector<std::shared_ptr<Op>> finished;  // to signal
+  bool empty() const noexcept { return sends.empty() && finished.empty(); }
+};
+
+class TeamImpl : public std::enable_shared_from_this<TeamImpl> {
+ public:
+  // `members`: job ranks, in team order; this rank among them.
+  TeamImpl(Engine& engine, Device& device, std::uint64_t id, std::vector<int> members, int world_size);
+
+  Engine& engine() noexcept { return engine_; }
+  Device& device() noexcept { return device_; }
+  std::uint64_t id() const noexcept { return id_; }
+  int size() const noexcept { return static_cast<int>(members_.size()); }
+  int me() const noexcept { return me_; }
+  int world_rank(int index) const { return members_.at(static_cast<std::size_t>(index)); }
+  int index_of(int world_rank) const noexcept;
+  const std::vector<int>& members() const noexcept { return members_; }
+
+  // Starts `schedule` as this team's next collective: done, posted or failed (ferry/coll.hpp).
+  Status post(Schedule&& schedule, std::size_t bytes, CompletionObject* local, void* context);
+  // A message for this team (from job rank `src`).
+  void on_message(int src, std::uint64_t seq, std::uint16_t step, Message&& m);
+  // A send of `op` completed: error 0, or peer_failed_error with the failed rank.
+  void send_complete(Op& op, int error, int rank);
+  // Ends every collective in flight with peer_failed_error when a member has failed.
+  void fail_if_broken();
+  // Whether the op is still running (a send to retry is posted only then).
+  bool running(const Op& op);
+  // Teardown: drops the ops in flight and the messages waiting (they hold the team).
+  void clear() noexcept;
+
+  // A new team's id: a hash of this team's, `salt`, the number of ids this salt gave before
+  // (the same on every member that makes the same teams in the same order) and `extra`.
+  std::uint64_t next_child_id(std::uint64_t salt, std::uint64_t extra = 0);
+  std::shared_ptr<TeamImpl> host_team;  // Team::host's, made once
+  std::mutex make_mutex;                // one construction at a time per team
+
+ private:
+  void advance(Op& op, Outbox& out);
+  void accept(Op& op, Message&& m, Outbox& out);
+  void finish(Op& op, int error, int rank, Outbox& out);
+  int failed_member() const noexcept;
+
+  Engine& engine_;
+  Device& device_;
+  const std::uint64_t id_;
+  const std::vector<int> members_;
+  int me_ = -1;
+  // Job rank -> team index: a vector for a team of most of the job, a sorted list otherwise.
+  std::vector<int> index_by_rank_;
+  std::vector<std::pair<int, int>> index_sorted_;
+
+  std::mutex mutex_;
+  std::uint64_t next_seq_ = 0;                                   // under mutex_
+  std::map<std::uint64_t, std::shared_ptr<Op>> active_;          // under mutex_
+  std::map<std::uint64_t, std::vector<Message>> unexpected_;     // under mutex_
+  std::unordered_map<std::uint64_t, std::uint64_t> child_count_; // under make_mutex
+};
+
+class Engine final : public DeviceExtension, public CompletionObject {
+ public:
+  explicit Engine(Runtime& runtime);
+  ~Engine() override;
+
+  // The engine of `runtime` (made on first use; owned by its device 0).
+  static Engine& of(Runtime& runtime);
+  // The whole job on `device`.
+  std::shared_ptr<TeamImpl> world(int device);
+  // Registers a team made on this rank, handing it what already arrived for it.
+  std::shared_ptr<TeamImpl> add_team(int device, std::uint64_t id, std::vector<int> members);
+
+  Runtime& runtime() noexcept { return runtime_; }
+  int world_size() const noexcept;
+  bool peer_failed(int rank) const noexcept;
+
+  // Carries out what a locked section left: signals the finished ops, posts the sends.
+  void run(Outbox& out);
+
+  // CompletionObject: the collectives' messages and the engine's own sends' completions.
+  void signal(Completion&& c) noexcept override;
+  // DeviceExtension: the sends to retry, and the ops a failure ends.
+  void slow_path() noexcept override;
+
+ private:
+  void on_message(Completion&& c);
+  void post_send(SendRec* s, Outbox& out);
+
+  Runtime& runtime_;
+  std::mutex mutex_;
+  std::unordered_map<std::uint64_t, std::shared_ptr<TeamImpl>> teams_;  // under mutex_
+  std::vector<std::shared_ptr<TeamImpl>> worlds_;                      // by device, under mutex_
+  struct Orphan {
+    std::uint64_t team, seq;
+    int src;
+    std::uint16_t step;
+    Message m;
+  };
+  std::vector<Orphan> orphans_;  // under mutex_
+  std::deque<SendRec*> retry_;   // under mutex_
+  std::atomic<std::size_t> retry_count_{0};  // retry_.size(), read without the lock; relaxed: a hint
+  std::uint32_t failures_seen_ = 0;          // under mutex_
+  std::atomic<std::uint64_t> malformed_{0};
+};
+
+}  // namespace ferry::detail
