@@ -40,6 +40,7 @@
 #endif
 
 #include "bench_util.hpp"
+#include "coll_bench.hpp"
 #include "ferry/ferry.hpp"
 
 namespace {
@@ -1134,8 +1135,8 @@ int run_cq(std::int64_t ops, int threads, bool as_json, ferry::QueueKind kind, c
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ferry-bench: ferry's active-message latency and message rate, alone and under contention, and "
-               "completion queue speed"};
+  CLI::App app{"ferry-bench: ferry's active-message latency and message rate, alone and under contention, "
+               "completion queue speed, and collectives"};
   app.name("ferry-bench");
   app.require_subcommand(1);
 
@@ -1211,6 +1212,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"default", "ring", "faa", "ms", "lock"}));
   cq->add_flag("--json", cq_json, "one JSON object per result line");
 
+  bench::CollArgs coll_args;
+  CLI::App* coll = app.add_subcommand(
+      "coll", "one collective on the whole job's team, back to back; prints the median time per operation");
+  bench::add_coll_options(coll, coll_args);
+
   // Under a launcher every rank parses the same command line; one report of a mistake is enough.
   const char* env_rank = std::getenv("PMI_RANK");
   const bool quiet = env_rank != nullptr && std::strcmp(env_rank, "0") != 0;
@@ -1220,6 +1226,7 @@ int main(int argc, char** argv) {
     if (pingpong->parsed()) return run_pingpong(pp, threads, devices, lock_model, yield_mode, inbox);
     if (msgrate->parsed()) return run_msgrate(mr, threads, devices, lock_model, yield_mode, huge_pages);
     if (contention->parsed()) return run_contention(ct, threads, lock_model, yield_mode);
+    if (coll->parsed()) return bench::run_coll(coll_args);
     if (cq->parsed()) {
       ferry::QueueKind kind = ferry::QueueKind::default_kind;
       for (const ferry::QueueKind k :
