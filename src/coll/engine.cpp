@@ -82,72 +82,105 @@ std::uint64_t TeamImpl::next_child_id(std::uint64_t salt, std::uint64_t extra) {
   return z < 2 ? z + 2 : z;  // 1 is the world's
 }
 
-Status TeamImpl::post(Schedule&& schedule, std::size_t bytes, CompletionObject* local, void* context) {
-  auto op = std::make_shared<Op>();
-  op->team = shared_from_this();
-  op->schedule = std::move(schedule);
-  op->local = local;
-  op->context = context;
-  op->bytes = bytes;
-  Outbox out;
-  {
-    std::lock_guard<std::mutex> guard(mutex_);
-    if (const int failed = failed_member(); failed >= 0) return Status::make_failed(failed);
-    op->seq = next_seq_++;
-    active_.emplace(op->seq, op);
-    if (auto it = unexpected_.find(op->seq); it != unexpected_.end()) {
-      op->early = std::move(it->second);
-      unexpected_.erase(it);
-    }
-    advance(*op, out);
+Op* TeamImpl::take_op() {
+  if (free_ops_.empty()) {
+    ops_.push_back(std::make_unique<Op>());
+    free_ops_.push_back(ops_.back().get());
   }
+  Op* op = free_ops_.back();
+  free_ops_.pop_back();
+  return op;
+}
+
+void TeamImpl::release(Op& op) noexcept {
+  if (--op.refs != 0) return;
+  op.got.clear();  // the messages' Buffers go back to the device now
+  op.early.clear();
+  free_ops_.push_back(&op);  // capacity reserved by take_op's growth: ops_ only grows with it
+}
+
+void TeamImpl::start(Op& op, std::size_t bytes, CompletionObject* local, void* context, Outbox& out) {
+  op.team = this;
+  op.seq = next_seq_++;
+  op.round = 0;
+  op.round_started = false;
+  op.sends_left = op.missing = 0;
+  op.local = local;
+  op.context = context;
+  op.bytes = bytes;
+  op.in_post = true;
+  op.finished = false;
+  op.error = 0;
+  op.error_rank = -1;
+  op.refs = 1;
+  active_.emplace_back(op.seq, &op);
+  for (std::size_t i = 0; i < unexpected_.size();) {
+    if (unexpected_[i].first == op.seq) {
+      op.early.push_back(std::move(unexpected_[i].second));
+      unexpected_.erase(unexpected_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  advance(op, out);
+}
+
+Status TeamImpl::posted(Op& op, Outbox& out) {
   engine_.run(out);
   std::lock_guard<std::mutex> guard(mutex_);
-  op->in_post = false;
-  if (!op->finished) return Status::make_posted();
-  return op->error == 0 ? Status::make_done() : Status::make_failed(op->error_rank);
+  op.in_post = false;
+  Status st = Status::make_posted();
+  if (op.finished) st = op.error == 0 ? Status::make_done() : Status::make_failed(op.error_rank);
+  if (op.finished) release(op);  // finish() left the in-flight reference to this thread
+  return st;
 }
 
 void TeamImpl::advance(Op& op, Outbox& out) {
-  const std::size_t elem = std::max<std::size_t>(1, size_of(op.schedule.reduction.type));
+  const std::size_t elem = std::max<std::size_t>(1, size_of(op.schedule.reduction().type));
   while (!op.finished) {
-    if (op.round == op.schedule.rounds.size()) {
+    if (op.round == op.schedule.size()) {
       finish(op, 0, -1, out);
       return;
     }
-    Round& r = op.schedule.rounds[op.round];
+    Round& r = op.schedule[op.round];
     if (!op.round_started) {
       op.round_started = true;
       for (const LocalStep& l : r.locals) {
         if (l.reduce) {
-          reduce_into(l.dst, l.src, l.size / elem, op.schedule.reduction);
+          reduce_into(l.dst, l.src, l.size / elem, op.schedule.reduction());
         } else {
           std::memmove(l.dst, l.src, l.size);
         }
       }
       op.sends_left = r.sends.size();
-      for (const SendStep& s : r.sends) {
-        auto* rec = new SendRec;
-        rec->op = active_.at(op.seq);
-        rec->rank = members_[static_cast<std::size_t>(s.peer)];
-        rec->header = CollHeader{kCollMagic, s.step, 0, id_, op.seq, s.size};
-        rec->data = s.data;
-        if (sizeof(CollHeader) + s.size <= device_.eager_limit()) {
+      if (op.sends.size() < r.sends.size()) op.sends.resize(r.sends.size());
+      for (std::size_t i = 0; i < r.sends.size(); ++i) {
+        const SendStep& s = r.sends[i];
+        SendRec& rec = op.sends[i];
+        rec.op = &op;
+        rec.rank = members_[static_cast<std::size_t>(s.peer)];
+        rec.header = CollHeader{kCollMagic, s.step, 0, id_, op.seq, s.size};
+        rec.data = s.data;
+        rec.eager = sizeof(CollHeader) + s.size <= device_.eager_limit();
+        if (rec.eager) {
           // The data as it is now (the round's start): a receive of this round changes it later.
-          rec->eager.resize(sizeof(CollHeader) + s.size);
-          std::memcpy(rec->eager.data(), &rec->header, sizeof(CollHeader));
-          if (s.size != 0) std::memcpy(rec->eager.data() + sizeof(CollHeader), s.data, s.size);
+          rec.bytes.resize(sizeof(CollHeader) + s.size);
+          std::memcpy(rec.bytes.data(), &rec.header, sizeof(CollHeader));
+          if (s.size != 0) std::memcpy(rec.bytes.data() + sizeof(CollHeader), s.data, s.size);
         }
-        out.sends.push_back(rec);
+        ++op.refs;
+        out.sends.push_back(&rec);
       }
       op.got.clear();
       op.got.resize(r.recvs.size());
       op.missing = r.recvs.size();
-      std::vector<Message> early = std::move(op.early);
-      op.early.clear();
-      for (Message& m : early) {
-        accept(op, std::move(m), out);
-        if (op.finished) return;
+      if (!op.early.empty()) {
+        std::vector<Message> early = std::move(op.early);
+        op.early.clear();
+        for (Message& m : early) {
+          accept(op, std::move(m), out);
+          if (op.finished) return;
+        }
       }
     }
     if (op.sends_left != 0 || op.missing != 0) return;
@@ -155,7 +188,7 @@ void TeamImpl::advance(Op& op, Outbox& out) {
       const RecvStep& rs = r.recvs[i];
       const Message& m = op.got[i];
       if (rs.reduce) {
-        reduce_into(rs.dst, m.data, rs.size / elem, op.schedule.reduction);
+        reduce_into(rs.dst, m.data, rs.size / elem, op.schedule.reduction());
       } else if (rs.size != 0) {
         std::memcpy(rs.dst, m.data, rs.size);
       }
@@ -167,7 +200,7 @@ void TeamImpl::advance(Op& op, Outbox& out) {
 }
 
 void TeamImpl::accept(Op& op, Message&& m, Outbox& out) {
-  const Round& r = op.schedule.rounds[op.round];
+  const Round& r = op.schedule[op.round];
   for (std::size_t i = 0; i < r.recvs.size(); ++i) {
     const RecvStep& rs = r.recvs[i];
     if (rs.peer != m.src || rs.step != m.step || op.got[i].src >= 0) continue;
@@ -187,6 +220,8 @@ void TeamImpl::accept(Op& op, Message&& m, Outbox& out) {
   op.early.push_back(std::move(m));  // for a later round (its sender is ahead of this rank)
 }
 
+// The in-flight reference goes with the end: to the posting thread (posted()) while it is
+// still inside post, else here once the end is queued for its signal.
 void TeamImpl::finish(Op& op, int error, int rank, Outbox& out) {
   if (op.finished) return;
   op.finished = true;
@@ -194,10 +229,11 @@ void TeamImpl::finish(Op& op, int error, int rank, Outbox& out) {
   op.error_rank = rank;
   op.got.clear();
   op.early.clear();
-  auto it = active_.find(op.seq);
-  std::shared_ptr<Op> keep = it != active_.end() ? it->second : nullptr;
-  if (it != active_.end()) active_.erase(it);
-  if (!op.in_post && keep) out.finished.push_back(std::move(keep));
+  if (const std::size_t i = active_index(op.seq); i != kNone) active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
+  if (!op.in_post) {
+    out.ended.push_back(Ended{op.local, op.context, op.bytes, error, rank});
+    release(op);
+  }
 }
 
 void TeamImpl::on_message(int src, std::uint64_t seq, std::uint16_t step, Message&& m) {
@@ -212,31 +248,39 @@ void TeamImpl::on_message(int src, std::uint64_t seq, std::uint16_t step, Messag
       return;
     }
     if (seq >= next_seq_) {
-      unexpected_[seq].push_back(std::move(m));
+      unexpected_.emplace_back(seq, std::move(m));
       return;
     }
-    auto it = active_.find(seq);
-    if (it == active_.end()) return;  // an operation already ended (by a failure): nothing waits for it
-    std::shared_ptr<Op> op = it->second;
-    accept(*op, std::move(m), out);
-    advance(*op, out);
+    const std::size_t at = active_index(seq);
+    if (at == kNone) return;  // an operation already ended (by a failure): nothing waits for it
+    Op& op = *active_[at].second;
+    accept(op, std::move(m), out);
+    advance(op, out);
   }
   engine_.run(out);
 }
 
-void TeamImpl::send_complete(Op& op, int error, int rank) {
+void TeamImpl::send_complete(SendRec& s, int error, int rank) {
   Outbox out;
   {
     std::lock_guard<std::mutex> guard(mutex_);
-    if (op.finished) return;
-    if (error != 0) {
-      finish(op, error, rank, out);
-    } else {
-      --op.sends_left;
-      advance(op, out);
+    Op& op = *s.op;
+    if (!op.finished) {
+      if (error != 0) {
+        finish(op, error, rank, out);
+      } else {
+        --op.sends_left;
+        advance(op, out);
+      }
     }
+    release(op);
   }
   engine_.run(out);
+}
+
+void TeamImpl::send_dropped(SendRec& s) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  release(*s.op);
 }
 
 void TeamImpl::fail_if_broken() {
@@ -246,22 +290,24 @@ void TeamImpl::fail_if_broken() {
     if (active_.empty()) return;
     const int failed = failed_member();
     if (failed < 0) return;
-    std::vector<std::shared_ptr<Op>> ops;
+    std::vector<Op*> ops;
     for (auto& [seq, op] : active_) ops.push_back(op);
-    for (auto& op : ops) finish(*op, peer_failed_error, failed, out);
+    for (Op* op : ops) finish(*op, peer_failed_error, failed, out);
   }
   engine_.run(out);
 }
 
-bool TeamImpl::running(const Op& op) {
+bool TeamImpl::running(const SendRec& s) {
   std::lock_guard<std::mutex> guard(mutex_);
-  return !op.finished;
+  return !s.op->finished;
 }
 
 void TeamImpl::clear() noexcept {
   std::lock_guard<std::mutex> guard(mutex_);
   active_.clear();
   unexpected_.clear();
+  free_ops_.clear();
+  ops_.clear();
 }
 
 // ---- Engine -----------------------------------------------------------------------------
@@ -274,8 +320,7 @@ Engine::Engine(Runtime& runtime) : runtime_(runtime) {
 // The device that owns the engine unexposed it first (extension.hpp): nothing signals it now.
 Engine::~Engine() {
   std::lock_guard<std::mutex> guard(mutex_);
-  for (SendRec* s : retry_) delete s;
-  retry_.clear();
+  retry_.clear();  // the sends live in their ops, which the teams own
   for (auto& [id, team] : teams_) team->clear();
   orphans_.clear();
 }
@@ -331,31 +376,35 @@ std::shared_ptr<TeamImpl> Engine::add_team(int device, std::uint64_t id, std::ve
 
 void Engine::run(Outbox& out) {
   while (!out.empty()) {
-    if (!out.finished.empty()) {
-      std::vector<std::shared_ptr<Op>> done = std::move(out.finished);
-      out.finished.clear();
-      for (auto& op : done) {
+    if (!out.ended.empty()) {
+      for (std::size_t i = 0; i < out.ended.size(); ++i) {
+        const Ended& e = out.ended[i];
         Completion c;
         c.op = OpKind::coll;
-        c.rank = op->error_rank;
-        c.size = op->bytes;
-        c.context = op->context;
-        c.error = op->error;
-        op->local->signal(std::move(c));
+        c.rank = e.rank;
+        c.size = e.bytes;
+        c.context = e.context;
+        c.error = e.error;
+        e.local->signal(std::move(c));
       }
+      out.ended.clear();
       continue;
     }
-    SendRec* s = out.sends.front();
-    out.sends.pop_front();
-    post_send(s, out);
+    SendRec* s = out.sends[out.next++];
+    if (out.next == out.sends.size()) {
+      out.sends.clear();
+      out.next = 0;
+    }
+    post_send(s);
   }
 }
 
-void Engine::post_send(SendRec* s, Outbox& out) {
-  Device& dev = s->op->team->device();
+void Engine::post_send(SendRec* s) {
+  TeamImpl& team = *s->op->team;
+  Device& dev = team.device();
   Status st;
-  if (!s->eager.empty()) {
-    st = dev.post_am(AmArgs{.rank = s->rank, .buffer = s->eager.data(), .size = s->eager.size(),
+  if (s->eager) {
+    st = dev.post_am(AmArgs{.rank = s->rank, .buffer = s->bytes.data(), .size = s->bytes.size(),
                             .target = RemoteTarget{kCollectiveTarget}, .local = this, .context = s});
   } else {
     st = dev.post_am_iovec(AmIovecArgs{.rank = s->rank, .eager = IoPart{&s->header, sizeof(CollHeader)},
@@ -369,14 +418,11 @@ void Engine::post_send(SendRec* s, Outbox& out) {
     retry_count_.store(retry_.size(), std::memory_order_relaxed);
     return;
   }
-  std::unique_ptr<SendRec> owned(s);
-  TeamImpl& team = *owned->op->team;
   if (st.is_failed()) {
-    team.send_complete(*owned->op, peer_failed_error, st.rank);
+    team.send_complete(*s, peer_failed_error, st.rank);
   } else {
-    team.send_complete(*owned->op, 0, -1);
+    team.send_complete(*s, 0, -1);
   }
-  (void)out;
 }
 
 void Engine::signal(Completion&& c) noexcept {
@@ -387,10 +433,9 @@ void Engine::signal(Completion&& c) noexcept {
     }
     // One of this engine's sends completed (posted: a rendezvous, or an eager send the device
     // reports later).
-    std::unique_ptr<SendRec> s(static_cast<SendRec*>(c.context));
+    auto* s = static_cast<SendRec*>(c.context);
     if (s == nullptr) return;
-    const int error = c.error == 0 ? 0 : (c.error == peer_failed_error ? peer_failed_error : c.error);
-    s->op->team->send_complete(*s->op, error, error == 0 ? -1 : s->rank);
+    s->op->team->send_complete(*s, c.error, c.error == 0 ? -1 : s->rank);
   } catch (const std::exception& e) {
     FERRY_LOG_AT(error, runtime_.rank(), -1, "collectives: %s", e.what());
   }
@@ -437,7 +482,7 @@ void Engine::on_message(Completion&& c) {
 void Engine::slow_path() noexcept {
   try {
     std::vector<std::shared_ptr<TeamImpl>> teams;
-    std::deque<SendRec*> again;
+    std::vector<SendRec*> again;
     {
       std::lock_guard<std::mutex> guard(mutex_);
       if (retry_count_.load(std::memory_order_relaxed) != 0) {
@@ -453,10 +498,10 @@ void Engine::slow_path() noexcept {
     for (auto& t : teams) t->fail_if_broken();
     Outbox out;
     for (SendRec* s : again) {
-      if (s->op->team->running(*s->op)) {
+      if (s->op->team->running(*s)) {
         out.sends.push_back(s);
       } else {
-        delete s;
+        s->op->team->send_dropped(*s);
       }
     }
     run(out);

@@ -23,11 +23,10 @@
 // taken per message.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -66,18 +65,22 @@ struct Message {
 
 struct Op;
 
-// One message of an Op on its way: owned by the engine from its creation until its send
-// completed (posted: the device signals the engine with it as context).
+// One message of an Op on its way, in the op's storage for its current round (stable while the
+// round runs: the round ends only once every send completed). The device signals the engine
+// with it as context when a send it answered `posted` for completes.
 struct SendRec {
-  std::shared_ptr<Op> op;
+  Op* op = nullptr;
   int rank = -1;  // job rank
   CollHeader header{};
   const unsigned char* data = nullptr;
-  std::vector<unsigned char> eager;  // header and data, when it goes in one eager message
+  bool eager = false;
+  std::vector<unsigned char> bytes;  // header and data, when eager (capacity kept for reuse)
 };
 
+// A collective in flight. Pooled per team: every field is reset by the next collective that
+// takes it, the vectors keep their capacity. All of it under the team's mutex.
 struct Op {
-  std::shared_ptr<TeamImpl> team;
+  TeamImpl* team = nullptr;
   std::uint64_t seq = 0;
   Schedule schedule;
   std::size_t round = 0;
@@ -86,6 +89,7 @@ struct Op {
   std::size_t missing = 0;     // its receives not yet arrived
   std::vector<Message> got;    // by receive index, for the current round
   std::vector<Message> early;  // arrived for a later round
+  std::vector<SendRec> sends;  // the current round's
   CompletionObject* local = nullptr;
   void* context = nullptr;
   std::size_t bytes = 0;  // Completion::size
@@ -93,16 +97,55 @@ struct Op {
   bool finished = false;
   int error = 0;
   int error_rank = -1;
+  // Back to the pool at 0: 1 while in flight, 1 more per send posted and not complete.
+  int refs = 0;
+};
+
+// A list that holds its first N entries in place: an Outbox is made per message and post, and
+// usually carries one or two sends and at most one completion.
+template <class T, std::size_t N>
+class SmallList {
+ public:
+  void push_back(const T& v) {
+    if (size_ < N) {
+      inline_[size_] = v;
+    } else {
+      more_.push_back(v);
+    }
+    ++size_;
+  }
+  T& operator[](std::size_t i) noexcept { return i < N ? inline_[i] : more_[i - N]; }
+  std::size_t size() const noexcept { return size_; }
+  bool empty() const noexcept { return size_ == 0; }
+  void clear() noexcept {
+    size_ = 0;
+    more_.clear();
+  }
+
+ private:
+  std::array<T, N> inline_{};
+  std::vector<T> more_;
+  std::size_t size_ = 0;
+};
+
+// A collective's end, to signal once the team's mutex is released.
+struct Ended {
+  CompletionObject* local = nullptr;
+  void* context = nullptr;
+  std::size_t bytes = 0;
+  int error = 0;
+  int rank = -1;
 };
 
 // What a locked section leaves to do once the lock is released.
 struct Outbox {
-  std::deque<SendRec*> sends;
-  std::vector<std::shared_ptr<Op>> finished;  // to signal
-  bool empty() const noexcept { return sends.empty() && finished.empty(); }
+  SmallList<SendRec*, 8> sends;
+  std::size_t next = 0;  // sends[next..] are still to post
+  SmallList<Ended, 2> ended;
+  bool empty() const noexcept { return next == sends.size() && ended.empty(); }
 };
 
-class TeamImpl : public std::enable_shared_from_this<TeamImpl> {
+class TeamImpl {
  public:
   // `members`: job ranks, in team order; this rank among them.
   TeamImpl(Engine& engine, Device& device, std::uint64_t id, std::vector<int> members, int world_size);
@@ -116,16 +159,31 @@ class TeamImpl : public std::enable_shared_from_this<TeamImpl> {
   int index_of(int world_rank) const noexcept;
   const std::vector<int>& members() const noexcept { return members_; }
 
-  // Starts `schedule` as this team's next collective: done, posted or failed (ferry/coll.hpp).
-  Status post(Schedule&& schedule, std::size_t bytes, CompletionObject* local, void* context);
+  // Starts this team's next collective, its schedule filled in by build(Schedule&): done,
+  // posted or failed (ferry/coll.hpp).
+  template <class Build>
+  Status post(Build&& build, std::size_t bytes, CompletionObject* local, void* context) {
+    Outbox out;
+    Op* op;
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      if (const int failed = failed_member(); failed >= 0) return Status::make_failed(failed);
+      op = take_op();
+      build(op->schedule);
+      start(*op, bytes, local, context, out);
+    }
+    return posted(*op, out);
+  }
   // A message for this team (from job rank `src`).
   void on_message(int src, std::uint64_t seq, std::uint16_t step, Message&& m);
   // A send of `op` completed: error 0, or peer_failed_error with the failed rank.
-  void send_complete(Op& op, int error, int rank);
+  void send_complete(SendRec& s, int error, int rank);
+  // A send of `op` the engine gives up on (its collective ended while it waited to be retried).
+  void send_dropped(SendRec& s);
   // Ends every collective in flight with peer_failed_error when a member has failed.
   void fail_if_broken();
-  // Whether the op is still running (a send to retry is posted only then).
-  bool running(const Op& op);
+  // Whether the send's collective still runs (a send to retry is posted only then).
+  bool running(const SendRec& s);
   // Teardown: drops the ops in flight and the messages waiting (they hold the team).
   void clear() noexcept;
 
@@ -136,6 +194,10 @@ class TeamImpl : public std::enable_shared_from_this<TeamImpl> {
   std::mutex make_mutex;                // one construction at a time per team
 
  private:
+  Op* take_op();
+  void release(Op& op) noexcept;  // one reference less; the op goes back to the pool at 0
+  void start(Op& op, std::size_t bytes, CompletionObject* local, void* context, Outbox& out);
+  Status posted(Op& op, Outbox& out);
   void advance(Op& op, Outbox& out);
   void accept(Op& op, Message&& m, Outbox& out);
   void finish(Op& op, int error, int rank, Outbox& out);
@@ -152,8 +214,20 @@ class TeamImpl : public std::enable_shared_from_this<TeamImpl> {
 
   std::mutex mutex_;
   std::uint64_t next_seq_ = 0;                                   // under mutex_
-  std::map<std::uint64_t, std::shared_ptr<Op>> active_;          // under mutex_
-  std::map<std::uint64_t, std::vector<Message>> unexpected_;     // under mutex_
+  // In flight, and arrived for collectives not posted yet, by sequence number. Few at a time
+  // (a team's collectives complete in about posting order): vectors searched from the front,
+  // which keep their capacity, rather than maps that allocate a node per entry.
+  std::vector<std::pair<std::uint64_t, Op*>> active_;                  // under mutex_
+  std::vector<std::pair<std::uint64_t, Message>> unexpected_;          // under mutex_
+  static constexpr std::size_t kNone = ~std::size_t{0};
+  std::size_t active_index(std::uint64_t seq) const noexcept {
+    for (std::size_t i = 0; i < active_.size(); ++i) {
+      if (active_[i].first == seq) return i;
+    }
+    return kNone;
+  }
+  std::vector<std::unique_ptr<Op>> ops_;  // every op made, under mutex_
+  std::vector<Op*> free_ops_;             // of those, the ones not in use, under mutex_
   std::unordered_map<std::uint64_t, std::uint64_t> child_count_; // under make_mutex
 };
 
@@ -183,7 +257,7 @@ class Engine final : public DeviceExtension, public CompletionObject {
 
  private:
   void on_message(Completion&& c);
-  void post_send(SendRec* s, Outbox& out);
+  void post_send(SendRec* s);
 
   Runtime& runtime_;
   std::mutex mutex_;
@@ -196,7 +270,7 @@ class Engine final : public DeviceExtension, public CompletionObject {
     Message m;
   };
   std::vector<Orphan> orphans_;  // under mutex_
-  std::deque<SendRec*> retry_;   // under mutex_
+  std::vector<SendRec*> retry_;  // under mutex_
   std::atomic<std::size_t> retry_count_{0};  // retry_.size(), read without the lock; relaxed: a hint
   std::uint32_t failures_seen_ = 0;          // under mutex_
   std::atomic<std::uint64_t> malformed_{0};

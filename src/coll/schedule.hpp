@@ -46,35 +46,64 @@ struct Round {
   std::vector<RecvStep> recvs;
 };
 
-struct Schedule {
-  std::vector<Round> rounds;
-  Reduction reduction;                       // for the steps that reduce
-  std::unique_ptr<unsigned char[]> scratch;  // what the algorithm needs besides the caller's buffers
-  const char* algorithm = "";                // its name, for ferry-bench and the logs
-  unsigned char* make_scratch(std::size_t bytes) {
-    scratch = std::make_unique_for_overwrite<unsigned char[]>(bytes == 0 ? 1 : bytes);
-    return scratch.get();
+// Made once per pooled operation and refilled by each collective it runs: reset() keeps every
+// vector's capacity, so a team's steady stream of collectives allocates nothing here.
+class Schedule {
+ public:
+  void reset(const char* algorithm, const Reduction& reduction = {}) noexcept {
+    count_ = 0;
+    algorithm_ = algorithm;
+    reduction_ = reduction;
   }
+  // A new last round, empty.
+  Round& add_round() {
+    if (count_ == rounds_.size()) rounds_.emplace_back();
+    Round& r = rounds_[count_++];
+    r.locals.clear();
+    r.sends.clear();
+    r.recvs.clear();
+    return r;
+  }
+  std::size_t size() const noexcept { return count_; }
+  Round& operator[](std::size_t i) noexcept { return rounds_[i]; }
+  const Reduction& reduction() const noexcept { return reduction_; }
+  const char* algorithm() const noexcept { return algorithm_; }
+  // `bytes` of memory besides the caller's buffers, kept for the next collective.
+  unsigned char* scratch(std::size_t bytes) {
+    if (bytes > scratch_size_ || scratch_ == nullptr) {
+      scratch_ = std::make_unique_for_overwrite<unsigned char[]>(bytes == 0 ? 1 : bytes);
+      scratch_size_ = bytes;
+    }
+    return scratch_.get();
+  }
+
+ private:
+  std::vector<Round> rounds_;
+  std::size_t count_ = 0;
+  Reduction reduction_;
+  const char* algorithm_ = "";
+  std::unique_ptr<unsigned char[]> scratch_;
+  std::size_t scratch_size_ = 0;
 };
 
-// The builders, for member `me` of a team of `n` (algorithms.cpp). Sizes are in bytes; `elem`
-// is the reduction's element size.
-Schedule barrier_schedule(int n, int me);
-Schedule broadcast_schedule(int n, int me, int root, unsigned char* buffer, std::size_t size);
-Schedule reduce_schedule(int n, int me, int root, const unsigned char* send, unsigned char* recv, std::size_t bytes,
-                         const Reduction& r);
-Schedule allreduce_schedule(int n, int me, const unsigned char* send, unsigned char* recv, std::size_t bytes,
-                            const Reduction& r);
-Schedule reduce_scatter_schedule(int n, int me, const unsigned char* send, unsigned char* recv, std::size_t block,
-                                 const Reduction& r);
-Schedule scan_schedule(int n, int me, const unsigned char* send, unsigned char* recv, std::size_t bytes,
-                       const Reduction& r);
-Schedule gather_schedule(int n, int me, int root, const unsigned char* send, unsigned char* recv, std::size_t size);
-Schedule allgather_schedule(int n, int me, const unsigned char* send, unsigned char* recv, std::size_t size);
-Schedule allgatherv_schedule(int n, int me, const unsigned char* send, unsigned char* recv,
-                             const std::vector<std::size_t>& counts, const std::vector<std::size_t>& offsets);
-Schedule alltoallv_schedule(int n, int me, const unsigned char* send, const std::vector<std::size_t>& send_counts,
-                            const std::vector<std::size_t>& send_offsets, unsigned char* recv,
-                            const std::vector<std::size_t>& recv_counts, const std::vector<std::size_t>& recv_offsets);
+// The builders, for member `me` of a team of `n` (algorithms.cpp), each into a reset `s`.
+// Sizes are in bytes.
+void barrier_schedule(Schedule& s, int n, int me);
+void broadcast_schedule(Schedule& s, int n, int me, int root, unsigned char* buffer, std::size_t size);
+void reduce_schedule(Schedule& s, int n, int me, int root, const unsigned char* send, unsigned char* recv, std::size_t bytes,
+                     const Reduction& r);
+void allreduce_schedule(Schedule& s, int n, int me, const unsigned char* send, unsigned char* recv, std::size_t bytes,
+                        const Reduction& r);
+void reduce_scatter_schedule(Schedule& s, int n, int me, const unsigned char* send, unsigned char* recv, std::size_t block,
+                             const Reduction& r);
+void scan_schedule(Schedule& s, int n, int me, const unsigned char* send, unsigned char* recv, std::size_t bytes,
+                   const Reduction& r);
+void gather_schedule(Schedule& s, int n, int me, int root, const unsigned char* send, unsigned char* recv, std::size_t size);
+void allgather_schedule(Schedule& s, int n, int me, const unsigned char* send, unsigned char* recv, std::size_t size);
+void allgatherv_schedule(Schedule& s, int n, int me, const unsigned char* send, unsigned char* recv,
+                         const std::vector<std::size_t>& counts, const std::vector<std::size_t>& offsets);
+void alltoallv_schedule(Schedule& s, int n, int me, const unsigned char* send, const std::vector<std::size_t>& send_counts,
+                        const std::vector<std::size_t>& send_offsets, unsigned char* recv,
+                        const std::vector<std::size_t>& recv_counts, const std::vector<std::size_t>& recv_offsets);
 
 }  // namespace ferry::detail

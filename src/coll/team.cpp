@@ -103,8 +103,8 @@ Team Team::split(int color, int key) const {
   std::vector<int> mine{color, key};
   std::vector<int> all(static_cast<std::size_t>(2 * n));
   Synchronizer sync;
-  Schedule s = detail::allgather_schedule(n, t.me(), u8(mine.data()), u8(all.data()), sizeof(int) * 2);
-  wait_for(t, t.post(std::move(s), 0, &sync, nullptr), sync, "Team::split");
+  const auto build = [&](Schedule& s) { detail::allgather_schedule(s, n, t.me(), u8(mine.data()), u8(all.data()), sizeof(int) * 2); };
+  wait_for(t, t.post(build, 0, &sync, nullptr), sync, "Team::split");
   // Every member computes every colour's id in the same order, so the counters stay equal.
   const std::uint64_t id = t.next_child_id(0x5311, static_cast<std::uint32_t>(color));
   if (color < 0) return Team();
@@ -159,7 +159,7 @@ Team Team::host() const {
 Status Team::post_barrier(const CollArgs& a) {
   TeamImpl& t = need(impl_, "post_barrier");
   check_local("post_barrier", a.local);
-  return t.post(detail::barrier_schedule(t.size(), t.me()), 0, a.local, a.context);
+  return t.post([&](Schedule& s) { detail::barrier_schedule(s, t.size(), t.me()); }, 0, a.local, a.context);
 }
 
 Status Team::post_broadcast(const BroadcastArgs& a) {
@@ -167,7 +167,7 @@ Status Team::post_broadcast(const BroadcastArgs& a) {
   check_local("post_broadcast", a.local);
   check_root("post_broadcast", t, a.root);
   check_buffer("post_broadcast", "buffer", a.buffer, a.size);
-  return t.post(detail::broadcast_schedule(t.size(), t.me(), a.root, u8(a.buffer), a.size), a.size, a.local, a.context);
+  return t.post([&](Schedule& s) { detail::broadcast_schedule(s, t.size(), t.me(), a.root, u8(a.buffer), a.size); }, a.size, a.local, a.context);
 }
 
 namespace {
@@ -191,25 +191,25 @@ Status Team::post_reduce(const ReduceArgs& a) {
   TeamImpl& t = need(impl_, "post_reduce");
   check_root("post_reduce", t, a.root);
   const auto [r, bytes] = check_reduce("post_reduce", a, 1, t.me() == a.root);
-  return t.post(detail::reduce_schedule(t.size(), t.me(), a.root, u8(a.send), u8(a.recv), bytes, r), bytes, a.local, a.context);
+  return t.post([&](Schedule& s) { detail::reduce_schedule(s, t.size(), t.me(), a.root, u8(a.send), u8(a.recv), bytes, r); }, bytes, a.local, a.context);
 }
 
 Status Team::post_allreduce(const ReduceArgs& a) {
   TeamImpl& t = need(impl_, "post_allreduce");
   const auto [r, bytes] = check_reduce("post_allreduce", a);
-  return t.post(detail::allreduce_schedule(t.size(), t.me(), u8(a.send), u8(a.recv), bytes, r), bytes, a.local, a.context);
+  return t.post([&](Schedule& s) { detail::allreduce_schedule(s, t.size(), t.me(), u8(a.send), u8(a.recv), bytes, r); }, bytes, a.local, a.context);
 }
 
 Status Team::post_reduce_scatter(const ReduceArgs& a) {
   TeamImpl& t = need(impl_, "post_reduce_scatter");
   const auto [r, block] = check_reduce("post_reduce_scatter", a, static_cast<std::size_t>(t.size()));
-  return t.post(detail::reduce_scatter_schedule(t.size(), t.me(), u8(a.send), u8(a.recv), block, r), block, a.local, a.context);
+  return t.post([&](Schedule& s) { detail::reduce_scatter_schedule(s, t.size(), t.me(), u8(a.send), u8(a.recv), block, r); }, block, a.local, a.context);
 }
 
 Status Team::post_scan(const ReduceArgs& a) {
   TeamImpl& t = need(impl_, "post_scan");
   const auto [r, bytes] = check_reduce("post_scan", a);
-  return t.post(detail::scan_schedule(t.size(), t.me(), u8(a.send), u8(a.recv), bytes, r), bytes, a.local, a.context);
+  return t.post([&](Schedule& s) { detail::scan_schedule(s, t.size(), t.me(), u8(a.send), u8(a.recv), bytes, r); }, bytes, a.local, a.context);
 }
 
 Status Team::post_gather(const GatherArgs& a) {
@@ -219,7 +219,7 @@ Status Team::post_gather(const GatherArgs& a) {
   check_buffer("post_gather", "send", a.send, a.size);
   const std::size_t total = bytes_of("post_gather", a.size, 1, static_cast<std::size_t>(t.size()));
   if (t.me() == a.root) check_buffer("post_gather", "recv", a.recv, total);
-  return t.post(detail::gather_schedule(t.size(), t.me(), a.root, u8(a.send), u8(a.recv), a.size), a.size, a.local, a.context);
+  return t.post([&](Schedule& s) { detail::gather_schedule(s, t.size(), t.me(), a.root, u8(a.send), u8(a.recv), a.size); }, a.size, a.local, a.context);
 }
 
 Status Team::post_allgather(const GatherArgs& a) {
@@ -228,7 +228,7 @@ Status Team::post_allgather(const GatherArgs& a) {
   check_buffer("post_allgather", "send", a.send, a.size);
   const std::size_t total = bytes_of("post_allgather", a.size, 1, static_cast<std::size_t>(t.size()));
   check_buffer("post_allgather", "recv", a.recv, total);
-  return t.post(detail::allgather_schedule(t.size(), t.me(), u8(a.send), u8(a.recv), a.size), a.size, a.local, a.context);
+  return t.post([&](Schedule& s) { detail::allgather_schedule(s, t.size(), t.me(), u8(a.send), u8(a.recv), a.size); }, a.size, a.local, a.context);
 }
 
 namespace {
@@ -251,7 +251,7 @@ Status Team::post_allgatherv(const AllgathervArgs& a) {
   std::size_t total = 0;
   for (std::size_t c : a.counts) total += c;
   check_buffer("post_allgatherv", "recv", a.recv, total);
-  return t.post(detail::allgatherv_schedule(t.size(), t.me(), u8(a.send), u8(a.recv), a.counts, a.offsets),
+  return t.post([&](Schedule& s) { detail::allgatherv_schedule(s, t.size(), t.me(), u8(a.send), u8(a.recv), a.counts, a.offsets); },
                 a.counts[static_cast<std::size_t>(t.me())], a.local, a.context);
 }
 
@@ -265,7 +265,7 @@ Status Team::post_alltoall(const AlltoallArgs& a) {
   if (a.send == a.recv && total != 0) throw Error("post_alltoall: send and recv are one buffer; alltoall is not in place");
   std::vector<std::size_t> counts(n, a.size), offsets(n);
   for (std::size_t i = 0; i < n; ++i) offsets[i] = i * a.size;
-  return t.post(detail::alltoallv_schedule(t.size(), t.me(), u8(a.send), counts, offsets, u8(a.recv), counts, offsets), a.size,
+  return t.post([&](Schedule& s) { detail::alltoallv_schedule(s, t.size(), t.me(), u8(a.send), counts, offsets, u8(a.recv), counts, offsets); }, a.size,
                 a.local, a.context);
 }
 
@@ -281,8 +281,8 @@ Status Team::post_alltoallv(const AlltoallvArgs& a) {
   for (std::size_t c : a.recv_counts) received += c;
   check_buffer("post_alltoallv", "send", a.send, sent);
   check_buffer("post_alltoallv", "recv", a.recv, received);
-  return t.post(detail::alltoallv_schedule(t.size(), t.me(), u8(a.send), a.send_counts, a.send_offsets, u8(a.recv), a.recv_counts,
-                                           a.recv_offsets),
+  return t.post([&](Schedule& s) { detail::alltoallv_schedule(s, t.size(), t.me(), u8(a.send), a.send_counts, a.send_offsets, u8(a.recv), a.recv_counts,
+                                           a.recv_offsets); },
                 sent, a.local, a.context);
 }
 
