@@ -8,6 +8,9 @@
 #   scripts/bench.sh --quick                        # one repetition, small counts: a smoke test
 #   scripts/bench.sh                                # medians of 5 interleaved repetitions
 #   scripts/bench.sh --transports shm,shm@handler,ofi:shm,ofi:tcp --threads 4 --reps 7 --out results/mine
+# With --coll first, the collectives instead (bench/coll.py: ferry-bench coll beside ferry-mpi-coll
+# under MPICH and Open MPI; 2, 4 and 8 ranks, 8 B to 4 MiB; results/coll-<timestamp>/):
+#   scripts/bench.sh --coll [--quick] [--ranks 2,4] [--ops barrier,allreduce] [--reps 5]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -17,11 +20,15 @@ if command -v ccache >/dev/null; then
 fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >build.configure.log 2>&1 || { cat build.configure.log; exit 1; }
 # The MPI programs exist only when their MPI was found at configure time; build what there is.
-wanted=(ferry-bench ferryrun ferry-info ferry-c2c ferry-fi-msgrate ferry-mpi-pingpong ferry-mpi-pingpong-openmpi)
+coll=no
+if [ "${1:-}" = --coll ]; then coll=yes; shift; fi
+wanted=(ferry-bench ferryrun ferry-info ferry-c2c ferry-fi-msgrate ferry-mpi-pingpong ferry-mpi-pingpong-openmpi
+        ferry-mpi-coll ferry-mpi-coll-openmpi)
 available=$(cmake --build build --target help 2>/dev/null | sed -n 's/^\.\.\. \([^ ]*\).*/\1/p')
 targets=()
 for t in "${wanted[@]}"; do
   if grep -qx "$t" <<<"$available"; then targets+=("$t"); else echo "bench: target $t is not configured; its column will say so"; fi
 done
 cmake --build build -j"$(nproc)" --target "${targets[@]}"
+if [ "$coll" = yes ]; then exec /usr/bin/python3 bench/coll.py --bin-dir build/bin "$@"; fi
 exec /usr/bin/python3 bench/compare.py --bin-dir build/bin "$@"

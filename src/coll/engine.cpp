@@ -59,11 +59,22 @@ int TeamImpl::index_of(int world_rank) const noexcept {
   return it != index_sorted_.end() && it->first == world_rank ? it->second : -1;
 }
 
-int TeamImpl::failed_member() const noexcept {
-  for (int r : members_) {
-    if (engine_.peer_failed(r)) return r;
+// One load while the job has no failure; the members are looked at once per change of the
+// runtime's failure count (a team of the whole job has as many members as the job).
+int TeamImpl::failed_member() noexcept {
+  const std::uint32_t count = engine_.runtime().failure_count();
+  if (count == 0) return -1;
+  if (count != failures_checked_) {
+    failed_ = -1;
+    for (int r : members_) {
+      if (engine_.peer_failed(r)) {
+        failed_ = r;
+        break;
+      }
+    }
+    failures_checked_ = count;
   }
-  return -1;
+  return failed_;
 }
 
 namespace {
@@ -464,11 +475,17 @@ void Engine::on_message(Completion&& c) {
   }
   m.size = static_cast<std::size_t>(h.size);
   m.holder = std::move(c.buffer);
-  std::shared_ptr<TeamImpl> team;
+  // The team of the last message, without the engine's lock: teams live as long as the engine.
+  TeamImpl* team = last_team_.load(std::memory_order_acquire);
+  if (team != nullptr && team->id() == h.team) {
+    team->on_message(c.rank, h.seq, h.step, std::move(m));
+    return;
+  }
   {
     std::lock_guard<std::mutex> guard(mutex_);
     if (auto it = teams_.find(h.team); it != teams_.end()) {
-      team = it->second;
+      team = it->second.get();
+      last_team_.store(team, std::memory_order_release);
     } else if (orphans_.size() < kMaxOrphans) {
       orphans_.push_back(Orphan{h.team, h.seq, c.rank, h.step, std::move(m)});
       return;

@@ -201,7 +201,9 @@ class TeamImpl {
   void advance(Op& op, Outbox& out);
   void accept(Op& op, Message&& m, Outbox& out);
   void finish(Op& op, int error, int rank, Outbox& out);
-  int failed_member() const noexcept;
+  int failed_member() noexcept;  // under mutex_
+  std::uint32_t failures_checked_ = 0;  // the failure count failed_ is for, under mutex_
+  int failed_ = -1;
 
   Engine& engine_;
   Device& device_;
@@ -274,6 +276,9 @@ class Engine final : public DeviceExtension, public CompletionObject {
   std::atomic<std::size_t> retry_count_{0};  // retry_.size(), read without the lock; relaxed: a hint
   std::uint32_t failures_seen_ = 0;          // under mutex_
   std::atomic<std::uint64_t> malformed_{0};
+  // The team the last message was for: a team is never removed before the engine goes.
+  // Release/acquire: the team is constructed before another thread uses the pointer.
+  std::atomic<TeamImpl*> last_team_{nullptr};
 };
 
 }  // namespace ferry::detail

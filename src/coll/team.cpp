@@ -190,25 +190,33 @@ std::pair<detail::Reduction, std::size_t> check_reduce(const char* call, const R
 Status Team::post_reduce(const ReduceArgs& a) {
   TeamImpl& t = need(impl_, "post_reduce");
   check_root("post_reduce", t, a.root);
-  const auto [r, bytes] = check_reduce("post_reduce", a, 1, t.me() == a.root);
+  const auto checked = check_reduce("post_reduce", a, 1, t.me() == a.root);
+  const detail::Reduction r = checked.first;
+  const std::size_t bytes = checked.second;
   return t.post([&](Schedule& s) { detail::reduce_schedule(s, t.size(), t.me(), a.root, u8(a.send), u8(a.recv), bytes, r); }, bytes, a.local, a.context);
 }
 
 Status Team::post_allreduce(const ReduceArgs& a) {
   TeamImpl& t = need(impl_, "post_allreduce");
-  const auto [r, bytes] = check_reduce("post_allreduce", a);
+  const auto checked = check_reduce("post_allreduce", a);
+  const detail::Reduction r = checked.first;
+  const std::size_t bytes = checked.second;
   return t.post([&](Schedule& s) { detail::allreduce_schedule(s, t.size(), t.me(), u8(a.send), u8(a.recv), bytes, r); }, bytes, a.local, a.context);
 }
 
 Status Team::post_reduce_scatter(const ReduceArgs& a) {
   TeamImpl& t = need(impl_, "post_reduce_scatter");
-  const auto [r, block] = check_reduce("post_reduce_scatter", a, static_cast<std::size_t>(t.size()));
+  const auto checked = check_reduce("post_reduce_scatter", a, static_cast<std::size_t>(t.size()));
+  const detail::Reduction r = checked.first;
+  const std::size_t block = checked.second;
   return t.post([&](Schedule& s) { detail::reduce_scatter_schedule(s, t.size(), t.me(), u8(a.send), u8(a.recv), block, r); }, block, a.local, a.context);
 }
 
 Status Team::post_scan(const ReduceArgs& a) {
   TeamImpl& t = need(impl_, "post_scan");
-  const auto [r, bytes] = check_reduce("post_scan", a);
+  const auto checked = check_reduce("post_scan", a);
+  const detail::Reduction r = checked.first;
+  const std::size_t bytes = checked.second;
   return t.post([&](Schedule& s) { detail::scan_schedule(s, t.size(), t.me(), u8(a.send), u8(a.recv), bytes, r); }, bytes, a.local, a.context);
 }
 
