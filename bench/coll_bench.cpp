@@ -13,13 +13,30 @@ namespace bench {
 
 namespace {
 
-const char* algorithm_of(const std::string& op, int n) {
+// The algorithm ferry's choice takes for `op` of `size` bytes on n ranks (src/coll/team.cpp's
+// rule, from the options in force).
+const char* algorithm_of(const std::string& op, std::size_t size, int n, const ferry::RuntimeSettings& o) {
   const bool power_of_two = (n & (n - 1)) == 0;
+  const std::size_t bytes = op == "bcast" || op == "allgather" ? size : coll_count(size) * sizeof(double);
   if (op == "barrier") return "dissemination";
-  if (op == "bcast" || op == "reduce") return "binomial";
-  if (op == "allreduce") return "recursive_doubling";
-  if (op == "reduce_scatter") return "allreduce";
-  if (op == "allgather") return power_of_two ? "recursive_doubling" : "ring";
+  if (op == "reduce") return "binomial";
+  if (op == "reduce_scatter") return "ring";
+  if (op == "bcast") {
+    const bool scatter = o.coll_bcast == ferry::BcastAlgorithm::scatter_allgather ||
+                         (o.coll_bcast == ferry::BcastAlgorithm::automatic && bytes >= o.coll_large && n >= 3);
+    return scatter ? "scatter_allgather" : "binomial";
+  }
+  if (op == "allreduce") {
+    const bool ring = (o.coll_allreduce == ferry::AllreduceAlgorithm::ring ||
+                       (o.coll_allreduce == ferry::AllreduceAlgorithm::automatic && bytes >= o.coll_large)) &&
+                      n >= 3;
+    return ring ? "ring" : "recursive_doubling";
+  }
+  if (op == "allgather") {
+    const bool ring = o.coll_allgather == ferry::AllgatherAlgorithm::ring ||
+                      (o.coll_allgather == ferry::AllgatherAlgorithm::automatic && bytes >= o.coll_large);
+    return power_of_two && !ring ? "recursive_doubling" : "ring";
+  }
   return "direct";
 }
 
@@ -98,7 +115,7 @@ int run_coll(const CollArgs& a) {
         world.allreduce(&x, &m, 1, ferry::DataType::f64, ferry::ReduceOp::max);
         return m;
       });
-  j["algorithm"] = algorithm_of(a.op, n);
+  j["algorithm"] = algorithm_of(a.op, a.size, n, rt.options().settings);
   j["transport"] = rt.transport();
   j["impl"] = "ferry";
   j["yield"] = yield;

@@ -310,6 +310,11 @@ struct RuntimeOptions {
   std::string progress{};
   std::string log{};  // off, error, warn, info, debug
   int trim_idle_ms = 0;
+  // The collectives' algorithms (ferry/coll.hpp): auto, or one by name.
+  std::string coll_allreduce{};  // auto, recursive_doubling, ring
+  std::string coll_bcast{};      // auto, binomial, scatter_allgather
+  std::string coll_allgather{};  // auto, recursive_doubling, ring
+  std::size_t coll_large = 0;    // bytes from which auto picks the bandwidth algorithms
   // Backends' options, as (row name or variable, value) pairs spelled as in the environment:
   // {{"shm_copy", "copy"}, {"FERRY_OFI_PROVIDER", "tcp"}}. Beats the environment and the
   // deprecated fields above; a name no backend declares is an error.
@@ -343,6 +348,11 @@ enum class ConnectMode : std::uint8_t { lazy, eager };
 enum class CompletionMechanism : std::uint8_t { cq, cq_ms, cq_lock, sync };
 // thread:N is carried out by the core (N progress threads), the others by the layer above.
 enum class ProgressMode : std::uint8_t { explicit_calls, implicit, thread, steal };
+
+// The collectives' algorithms; `automatic` picks by size (FERRY_COLL_LARGE) and team shape.
+enum class AllreduceAlgorithm : std::uint8_t { automatic, recursive_doubling, ring };
+enum class BcastAlgorithm : std::uint8_t { automatic, binomial, scatter_allgather };
+enum class AllgatherAlgorithm : std::uint8_t { automatic, recursive_doubling, ring };
 
 // The core's options, resolved and typed.
 struct RuntimeSettings {
@@ -385,6 +395,10 @@ struct RuntimeSettings {
   LogLevel log = LogLevel::warn;
   // A device's free packets give their pages back after this long at rest (0: never).
   int trim_idle_ms = 0;
+  AllreduceAlgorithm coll_allreduce = AllreduceAlgorithm::automatic;
+  BcastAlgorithm coll_bcast = BcastAlgorithm::automatic;
+  AllgatherAlgorithm coll_allgather = AllgatherAlgorithm::automatic;
+  std::size_t coll_large = 0;
 };
 
 using RuntimeOptionTable = OptionTable<RuntimeOptions, RuntimeSettings>;

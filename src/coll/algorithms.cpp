@@ -1,7 +1,9 @@
-// algorithms.cpp — each collective's schedule for one member: dissemination barrier, binomial
-// broadcast and reduce, recursive-doubling allreduce (with the fold of the ranks beyond a
-// power of two), recursive-doubling allgather on a power of two and a ring otherwise,
-// Hillis-Steele scan, direct gather and alltoall.
+// algorithms.cpp — each collective's schedule for one member: dissemination barrier; binomial
+// and scatter-allgather broadcast; binomial reduce; recursive-doubling allreduce (with the fold
+// of the ranks beyond a power of two) and ring allreduce; ring reduce-scatter; recursive-
+// doubling allgather on a power of two and ring allgather; Hillis-Steele scan; direct gather
+// and alltoall.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -127,22 +129,98 @@ void recursive_doubling(Schedule& s, int n, int me, unsigned char* acc, std::siz
 
 }  // namespace
 
+namespace {
+
+// n blocks of `bytes` in whole elements of `elem` bytes, as even as they go: block b's offset
+// and size.
+struct Blocks {
+  std::size_t base, extra, elem;
+  Blocks(std::size_t bytes, std::size_t elem_size, int n)
+      : base(bytes / elem_size / static_cast<std::size_t>(n)), extra(bytes / elem_size % static_cast<std::size_t>(n)), elem(elem_size) {}
+  std::size_t offset(int b) const { return (static_cast<std::size_t>(b) * base + std::min<std::size_t>(static_cast<std::size_t>(b), extra)) * elem; }
+  std::size_t size(int b) const { return (base + (static_cast<std::size_t>(b) < extra ? 1 : 0)) * elem; }
+};
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+// Ring reduce-scatter over acc's n blocks (steps first..first+n-2): member r ends with block r
+// reduced over every member. Step k: block r-k-1 to the right, block r-k-2 from the left.
+void ring_reduce_scatter(Schedule& s, int n, int me, unsigned char* acc, const Blocks& b, std::uint16_t first) {
+  const int right = mod(me + 1, n), left = mod(me - 1, n);
+  for (int k = 0; k + 1 < n; ++k) {
+    Round& r = k == 0 ? first_round(s) : s.add_round();
+    const int out = mod(me - k - 1, n), in = mod(me - k - 2, n);
+    const auto step = static_cast<std::uint16_t>(first + k);
+    r.sends.push_back({right, step, acc + b.offset(out), b.size(out)});
+    r.recvs.push_back({left, step, acc + b.offset(in), b.size(in), true});
+  }
+}
+
+// Ring allgather of acc's n blocks, member r holding block r (steps first..first+n-2).
+// Step k: block r-k to the right, block r-k-1 from the left. `map` turns a ring position into
+// a team index (the identity, or a broadcast's rotation by its root).
+template <class Map>
+void ring_allgather(Schedule& s, int n, int me, unsigned char* acc, const Blocks& b, std::uint16_t first, bool in_first,
+                    Map&& map) {
+  for (int k = 0; k + 1 < n; ++k) {
+    Round& r = k == 0 && in_first ? first_round(s) : s.add_round();
+    const int out = mod(me - k, n), in = mod(me - k - 1, n);
+    const auto step = static_cast<std::uint16_t>(first + k);
+    r.sends.push_back({map(mod(me + 1, n)), step, acc + b.offset(out), b.size(out)});
+    r.recvs.push_back({map(mod(me - 1, n)), step, acc + b.offset(in), b.size(in), false});
+  }
+}
+
+}  // namespace
+
 void allreduce_schedule(Schedule& s, int n, int me, const unsigned char* send, unsigned char* recv, std::size_t bytes,
-                        const Reduction& red) {
-  s.reset("recursive_doubling", red);
+                        const Reduction& red, bool ring) {
+  const bool use_ring = ring && n >= 3;  // two members: the ring is the one exchange of recursive doubling
+  s.reset(use_ring ? "ring" : "recursive_doubling", red);
   copy_in(s.add_round(), recv, send, bytes);
-  recursive_doubling(s, n, me, recv, bytes);
+  if (!use_ring) {
+    recursive_doubling(s, n, me, recv, bytes);
+    return;
+  }
+  const Blocks b(bytes, std::max<std::size_t>(1, size_of(red.type)), n);
+  ring_reduce_scatter(s, n, me, recv, b, 0);
+  ring_allgather(s, n, me, recv, b, static_cast<std::uint16_t>(n - 1), false, [](int i) { return i; });
 }
 
 void reduce_scatter_schedule(Schedule& s, int n, int me, const unsigned char* send, unsigned char* recv, std::size_t block,
                              const Reduction& red) {
-  // The allreduce of the whole vector into scratch, then this member's block.
-  s.reset("allreduce", red);
+  // The ring over a copy of the whole vector in scratch, then this member's block.
+  s.reset("ring", red);
   const std::size_t total = block * static_cast<std::size_t>(n);
   unsigned char* all = s.scratch(total);
   copy_in(s.add_round(), all, send, total);
-  recursive_doubling(s, n, me, all, total);
+  const Blocks b(total, block == 0 ? 1 : block, n);
+  ring_reduce_scatter(s, n, me, all, b, 0);
   copy_in(s.add_round(), recv, all + static_cast<std::size_t>(me) * block, block);
+}
+
+void scatter_allgather_broadcast_schedule(Schedule& s, int n, int me, int root, unsigned char* buffer, std::size_t size) {
+  s.reset("scatter_allgather");
+  const int vr = mod(me - root, n);
+  const auto real = [&](int v) { return mod(v + root, n); };
+  const Blocks b(size, 1, n);
+  // The blocks of virtual ranks [lo, hi): contiguous in the buffer.
+  const auto span = [&](int lo, int hi) { return b.offset(std::min(hi, n)) - b.offset(lo); };
+  int top;
+  if (vr != 0) {
+    const int low = vr & -vr;
+    s.add_round().recvs.push_back({real(vr - low), 0, buffer + b.offset(vr), span(vr, vr + low), false});
+    top = low;
+  } else {
+    top = 1;
+    while (top < n) top *= 2;
+  }
+  Round& down = s.add_round();
+  for (int mask = top / 2; mask >= 1; mask /= 2) {
+    const int child = vr + mask;
+    if (child < n) down.sends.push_back({real(child), 0, buffer + b.offset(child), span(child, child + mask)});
+  }
+  ring_allgather(s, n, vr, buffer, b, 1, false, real);
 }
 
 void scan_schedule(Schedule& s, int n, int me, const unsigned char* send, unsigned char* recv, std::size_t bytes,
@@ -170,9 +248,10 @@ void gather_schedule(Schedule& s, int n, int me, int root, const unsigned char* 
   }
 }
 
-void allgather_schedule(Schedule& s, int n, int me, const unsigned char* send, unsigned char* recv, std::size_t size) {
+void allgather_schedule(Schedule& s, int n, int me, const unsigned char* send, unsigned char* recv, std::size_t size,
+                        bool ring) {
   const auto at = [&](int block) { return recv + static_cast<std::size_t>(block) * size; };
-  const bool power_of_two = (n & (n - 1)) == 0;
+  const bool power_of_two = (n & (n - 1)) == 0 && !ring;
   s.reset(power_of_two ? "recursive_doubling" : "ring");
   copy_in(s.add_round(), at(me), send, size);
   if (power_of_two) {

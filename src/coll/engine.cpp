@@ -124,6 +124,7 @@ void TeamImpl::start(Op& op, std::size_t bytes, CompletionObject* local, void* c
   op.error = 0;
   op.error_rank = -1;
   op.refs = 1;
+  op.send_count = op.round_sends = op.get_count = 0;
   active_.emplace_back(op.seq, &op);
   for (std::size_t i = 0; i < unexpected_.size();) {
     if (unexpected_[i].first == op.seq) {
@@ -164,24 +165,34 @@ void TeamImpl::advance(Op& op, Outbox& out) {
         }
       }
       op.sends_left = r.sends.size();
-      if (op.sends.size() < r.sends.size()) op.sends.resize(r.sends.size());
-      for (std::size_t i = 0; i < r.sends.size(); ++i) {
-        const SendStep& s = r.sends[i];
-        SendRec& rec = op.sends[i];
+      op.round_sends = op.send_count;
+      for (const SendStep& s : r.sends) {
+        if (op.send_count == op.sends.size()) op.sends.emplace_back();
+        SendRec& rec = op.sends[op.send_count++];
+        // A registration an earlier use left (its fin never came: a failure) goes first.
+        if (rec.region) out.drop.push_back(std::move(rec.region));
         rec.op = &op;
         rec.rank = members_[static_cast<std::size_t>(s.peer)];
-        rec.header = CollHeader{kCollMagic, s.step, 0, id_, op.seq, s.size};
         rec.data = s.data;
-        rec.eager = sizeof(CollHeader) + s.size <= device_.eager_limit();
-        if (rec.eager) {
+        if (sizeof(CollHeader) + s.size <= device_.eager_limit()) {
           // The data as it is now (the round's start): a receive of this round changes it later.
+          rec.header = CollHeader{kCollMagic, s.step, static_cast<std::uint16_t>(CollKind::data), id_, op.seq, s.size};
+          rec.awaiting_fin = false;
           rec.bytes.resize(sizeof(CollHeader) + s.size);
           std::memcpy(rec.bytes.data(), &rec.header, sizeof(CollHeader));
           if (s.size != 0) std::memcpy(rec.bytes.data() + sizeof(CollHeader), s.data, s.size);
+        } else {
+          // Zero-copy: the receiver reads the data where it is (post_send registers it and
+          // adds the key); the round waits for its fin before the data may change.
+          rec.header = CollHeader{kCollMagic, s.step, static_cast<std::uint16_t>(CollKind::rts), id_, op.seq, s.size};
+          rec.awaiting_fin = true;
+          rec.bytes.resize(sizeof(CollHeader) + sizeof(RemoteKey));
+          std::memcpy(rec.bytes.data(), &rec.header, sizeof(CollHeader));
         }
         ++op.refs;
         out.sends.push_back(&rec);
       }
+      if (op.landing.size() < r.recvs.size()) op.landing.resize(r.recvs.size());
       op.got.clear();
       op.got.resize(r.recvs.size());
       op.missing = r.recvs.size();
@@ -200,7 +211,7 @@ void TeamImpl::advance(Op& op, Outbox& out) {
       const Message& m = op.got[i];
       if (rs.reduce) {
         reduce_into(rs.dst, m.data, rs.size / elem, op.schedule.reduction());
-      } else if (rs.size != 0) {
+      } else if (rs.size != 0 && !m.in_place) {
         std::memcpy(rs.dst, m.data, rs.size);
       }
     }
@@ -222,6 +233,25 @@ void TeamImpl::accept(Op& op, Message&& m, Outbox& out) {
                    static_cast<unsigned long long>(op.seq), static_cast<unsigned long long>(id_), members_[static_cast<std::size_t>(m.src)],
                    m.size, static_cast<unsigned>(m.step), rs.size);
       finish(op, -EPROTO, members_[static_cast<std::size_t>(m.src)], out);
+      return;
+    }
+    if (m.rts) {
+      // Read it with a get: into the destination itself, or a landing buffer to reduce from.
+      // The receive has arrived once the get completes (get_complete).
+      unsigned char* dst = rs.dst;
+      if (rs.reduce) {
+        op.landing[i].resize(rs.size);
+        dst = op.landing[i].data();
+      } else {
+        m.in_place = true;
+      }
+      m.data = dst;
+      if (op.get_count == op.gets.size()) op.gets.emplace_back();
+      GetRec& g = op.gets[op.get_count++];
+      g = GetRec{&op, i, members_[static_cast<std::size_t>(m.src)], m.step, m.key, dst, rs.size};
+      ++op.refs;
+      out.gets.push_back(&g);
+      op.got[i] = std::move(m);
       return;
     }
     op.got[i] = std::move(m);
@@ -294,6 +324,71 @@ void TeamImpl::send_dropped(SendRec& s) {
   release(*s.op);
 }
 
+void TeamImpl::posted_only(SendRec& s) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  release(*s.op);
+}
+
+void TeamImpl::get_complete(GetRec& g, int error) {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    Op& op = *g.op;
+    if (!op.finished) {
+      if (error != 0) {
+        finish(op, error, g.rank, out);
+      } else {
+        // The sender may let its data change now.
+        if (op.send_count == op.sends.size()) op.sends.emplace_back();
+        SendRec& fin = op.sends[op.send_count++];
+        fin.op = &op;
+        fin.rank = g.rank;
+        fin.data = nullptr;
+        fin.awaiting_fin = false;
+        fin.header = CollHeader{kCollMagic, g.step, static_cast<std::uint16_t>(CollKind::fin), id_, op.seq, 0};
+        fin.bytes.resize(sizeof(CollHeader));
+        std::memcpy(fin.bytes.data(), &fin.header, sizeof(CollHeader));
+        ++op.refs;
+        out.sends.push_back(&fin);
+        --op.missing;
+        advance(op, out);
+      }
+    }
+    release(op);
+  }
+  engine_.run(out);
+}
+
+void TeamImpl::on_fin(int src, std::uint64_t seq, std::uint16_t step) {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    const std::size_t at = active_index(seq);
+    if (at == kNone) return;  // ended already (by a failure)
+    Op& op = *active_[at].second;
+    for (std::size_t i = op.round_sends; i < op.send_count; ++i) {
+      SendRec& s = op.sends[i];
+      if (!s.awaiting_fin || s.rank != src || s.header.step != step) continue;
+      s.awaiting_fin = false;
+      out.drop.push_back(std::move(s.region));
+      --op.sends_left;
+      advance(op, out);
+      break;
+    }
+  }
+  engine_.run(out);
+}
+
+bool TeamImpl::running(const GetRec& g) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  return !g.op->finished;
+}
+
+void TeamImpl::get_dropped(GetRec& g) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  release(*g.op);
+}
+
 void TeamImpl::fail_if_broken() {
   Outbox out;
   {
@@ -331,7 +426,8 @@ Engine::Engine(Runtime& runtime) : runtime_(runtime) {
 // The device that owns the engine unexposed it first (extension.hpp): nothing signals it now.
 Engine::~Engine() {
   std::lock_guard<std::mutex> guard(mutex_);
-  retry_.clear();  // the sends live in their ops, which the teams own
+  retry_.clear();  // the sends and gets live in their ops, which the teams own
+  retry_gets_.clear();
   for (auto& [id, team] : teams_) team->clear();
   orphans_.clear();
 }
@@ -401,6 +497,20 @@ void Engine::run(Outbox& out) {
       out.ended.clear();
       continue;
     }
+    if (!out.drop.empty()) {
+      std::vector<MemoryRegion> drop = std::move(out.drop);
+      out.drop.clear();
+      continue;  // deregistered here, outside every lock
+    }
+    if (out.next_get < out.gets.size()) {
+      GetRec* g = out.gets[out.next_get++];
+      if (out.next_get == out.gets.size()) {
+        out.gets.clear();
+        out.next_get = 0;
+      }
+      post_get(g);
+      continue;
+    }
     SendRec* s = out.sends[out.next++];
     if (out.next == out.sends.size()) {
       out.sends.clear();
@@ -410,30 +520,61 @@ void Engine::run(Outbox& out) {
   }
 }
 
+namespace {
+
+CollKind kind_of(const SendRec& s) noexcept { return static_cast<CollKind>(s.header.kind); }
+
+}  // namespace
+
 void Engine::post_send(SendRec* s) {
   TeamImpl& team = *s->op->team;
   Device& dev = team.device();
-  Status st;
-  if (s->eager) {
-    st = dev.post_am(AmArgs{.rank = s->rank, .buffer = s->bytes.data(), .size = s->bytes.size(),
-                            .target = RemoteTarget{kCollectiveTarget}, .local = this, .context = s});
-  } else {
-    st = dev.post_am_iovec(AmIovecArgs{.rank = s->rank, .eager = IoPart{&s->header, sizeof(CollHeader)},
-                                       .parts = {IoPart{s->data, static_cast<std::size_t>(s->header.size)}},
-                                       .target = RemoteTarget{kCollectiveTarget}, .local = this, .context = s});
+  if (kind_of(*s) == CollKind::rts && !s->region) {
+    // Registered here, outside the team's lock (a device call); once, even when retried.
+    s->region = dev.register_memory(const_cast<unsigned char*>(s->data), static_cast<std::size_t>(s->header.size));
+    const RemoteKey key = s->region.remote_key();
+    std::memcpy(s->bytes.data() + sizeof(CollHeader), &key, sizeof key);
   }
+  const Status st = dev.post_am(AmArgs{.rank = s->rank, .buffer = s->bytes.data(), .size = s->bytes.size(),
+                                       .target = RemoteTarget{kCollectiveTarget}, .local = this, .context = s});
   if (st.is_posted()) return;  // signal() completes it
   if (st.is_retry()) {
     std::lock_guard<std::mutex> guard(mutex_);
     retry_.push_back(s);
-    retry_count_.store(retry_.size(), std::memory_order_relaxed);
+    retry_count_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  if (st.is_failed()) {
-    team.send_complete(*s, peer_failed_error, st.rank);
-  } else {
-    team.send_complete(*s, 0, -1);
+  sent(*s, st.is_failed() ? peer_failed_error : 0, st.rank);
+}
+
+// A message's post completed (at once, or signalled later).
+void Engine::sent(SendRec& s, int error, int rank) {
+  TeamImpl& team = *s.op->team;
+  switch (kind_of(s)) {
+    case CollKind::data: team.send_complete(s, error, error == 0 ? -1 : rank); break;
+    case CollKind::rts:
+      if (error != 0) {
+        team.send_complete(s, error, rank);
+      } else {
+        team.posted_only(s);  // the send itself ends with the fin
+      }
+      break;
+    case CollKind::fin: team.posted_only(s); break;  // a failed peer's collective ends anyway
   }
+}
+
+void Engine::post_get(GetRec* g) {
+  TeamImpl& team = *g->op->team;
+  const Status st = team.device().post_get(
+      GetArgs{.rank = g->rank, .buffer = g->dst, .size = g->size, .remote = g->key, .local = this, .context = g});
+  if (st.is_posted()) return;
+  if (st.is_retry()) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    retry_gets_.push_back(g);
+    retry_count_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  team.get_complete(*g, st.is_failed() ? peer_failed_error : 0);
 }
 
 void Engine::signal(Completion&& c) noexcept {
@@ -442,11 +583,15 @@ void Engine::signal(Completion&& c) noexcept {
       on_message(std::move(c));
       return;
     }
-    // One of this engine's sends completed (posted: a rendezvous, or an eager send the device
-    // reports later).
+    if (c.context == nullptr) return;
+    if (c.op == OpKind::get) {
+      auto* g = static_cast<GetRec*>(c.context);
+      g->op->team->get_complete(*g, c.error);
+      return;
+    }
+    // One of this engine's messages left (posted: a send the device reports later).
     auto* s = static_cast<SendRec*>(c.context);
-    if (s == nullptr) return;
-    s->op->team->send_complete(*s, c.error, c.error == 0 ? -1 : s->rank);
+    sent(*s, c.error, s->rank);
   } catch (const std::exception& e) {
     FERRY_LOG_AT(error, runtime_.rank(), -1, "collectives: %s", e.what());
   }
@@ -458,34 +603,40 @@ void Engine::on_message(Completion&& c) {
     malformed_.fetch_add(1, std::memory_order_relaxed);
     FERRY_LOG_AT(warn, runtime_.rank(), -1, "dropped a malformed collective's message from rank %d: %s", c.rank, why);
   };
+  if (!c.parts.empty()) return malformed("it has zero-copy parts");
   if (c.buffer.size() < sizeof(CollHeader)) return malformed("shorter than its header");
   CollHeader h;
   std::memcpy(&h, c.buffer.data(), sizeof h);
   if (h.magic != kCollMagic) return malformed("bad magic");
+  const std::size_t rest = c.buffer.size() - sizeof(CollHeader);
   Message m;
-  if (c.parts.empty()) {
-    if (c.buffer.size() - sizeof(CollHeader) != h.size) return malformed("its size does not match its header");
-    m.data = static_cast<const unsigned char*>(c.buffer.data()) + sizeof(CollHeader);
-  } else {
-    if (c.parts.size() != 1 || c.buffer.size() != sizeof(CollHeader) || c.parts[0].size() != h.size) {
-      return malformed("its parts do not match its header");
-    }
-    m.data = static_cast<const unsigned char*>(c.parts[0].data());
-    m.part = std::move(c.parts[0]);
+  switch (static_cast<CollKind>(h.kind)) {
+    case CollKind::data:
+      if (rest != h.size) return malformed("its size does not match its header");
+      m.data = static_cast<const unsigned char*>(c.buffer.data()) + sizeof(CollHeader);
+      break;
+    case CollKind::rts:
+      if (rest != sizeof(RemoteKey)) return malformed("a read request without its key");
+      std::memcpy(&m.key, static_cast<const unsigned char*>(c.buffer.data()) + sizeof(CollHeader), sizeof m.key);
+      if (m.key.rank != c.rank || m.key.size < h.size) return malformed("its key is not its sender's or is too small");
+      m.rts = true;
+      break;
+    case CollKind::fin:
+      if (rest != 0 || h.size != 0) return malformed("a fin with a payload");
+      break;
+    default: return malformed("unknown kind");
   }
   m.size = static_cast<std::size_t>(h.size);
   m.holder = std::move(c.buffer);
   // The team of the last message, without the engine's lock: teams live as long as the engine.
   TeamImpl* team = last_team_.load(std::memory_order_acquire);
-  if (team != nullptr && team->id() == h.team) {
-    team->on_message(c.rank, h.seq, h.step, std::move(m));
-    return;
-  }
-  {
+  if (team == nullptr || team->id() != h.team) {
     std::lock_guard<std::mutex> guard(mutex_);
     if (auto it = teams_.find(h.team); it != teams_.end()) {
       team = it->second.get();
       last_team_.store(team, std::memory_order_release);
+    } else if (static_cast<CollKind>(h.kind) == CollKind::fin) {
+      return malformed("a fin for a team this rank has not made");
     } else if (orphans_.size() < kMaxOrphans) {
       orphans_.push_back(Orphan{h.team, h.seq, c.rank, h.step, std::move(m)});
       return;
@@ -493,17 +644,23 @@ void Engine::on_message(Completion&& c) {
       return malformed("for a team this rank has not made, past the limit of messages kept for such teams");
     }
   }
-  team->on_message(c.rank, h.seq, h.step, std::move(m));
+  if (static_cast<CollKind>(h.kind) == CollKind::fin) {
+    team->on_fin(c.rank, h.seq, h.step);
+  } else {
+    team->on_message(c.rank, h.seq, h.step, std::move(m));
+  }
 }
 
 void Engine::slow_path() noexcept {
   try {
     std::vector<std::shared_ptr<TeamImpl>> teams;
     std::vector<SendRec*> again;
+    std::vector<GetRec*> again_gets;
     {
       std::lock_guard<std::mutex> guard(mutex_);
       if (retry_count_.load(std::memory_order_relaxed) != 0) {
         again.swap(retry_);
+        again_gets.swap(retry_gets_);
         retry_count_.store(0, std::memory_order_relaxed);
       }
       const std::uint32_t failures = runtime_.failure_count();
@@ -519,6 +676,13 @@ void Engine::slow_path() noexcept {
         out.sends.push_back(s);
       } else {
         s->op->team->send_dropped(*s);
+      }
+    }
+    for (GetRec* g : again_gets) {
+      if (g->op->team->running(*g)) {
+        out.gets.push_back(g);
+      } else {
+        g->op->team->get_dropped(*g);
       }
     }
     run(out);

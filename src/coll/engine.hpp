@@ -25,6 +25,7 @@
 
 #include <array>
 #include <atomic>
+#include <deque>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -45,22 +46,27 @@ class TeamImpl;
 struct CollHeader {
   std::uint32_t magic;
   std::uint16_t step;
-  std::uint16_t reserved;
+  std::uint16_t kind;  // CollKind
   std::uint64_t team;
   std::uint64_t seq;
   std::uint64_t size;  // data bytes
 };
 static_assert(sizeof(CollHeader) == 32, "part of the wire format");
 inline constexpr std::uint32_t kCollMagic = 0x4C4F4346;  // "FCOL"
+// data: the data follows (eager). rts: a RemoteKey follows; the receiver reads the `size` bytes
+// with a get and answers fin, which ends the send.
+enum class CollKind : std::uint16_t { data = 0, rts = 1, fin = 2 };
 
 // A message of a collective, as it arrived: its data stays in the Buffer ferry delivered.
 struct Message {
   int src = -1;  // team index
   std::uint16_t step = 0;
   Buffer holder;  // the eager payload: header, and the data when it came eagerly
-  Buffer part;    // the data when it came as a zero-copy part
   const unsigned char* data = nullptr;
   std::size_t size = 0;
+  bool rts = false;      // the data waits on its sender, readable through `key`
+  bool in_place = false;  // read by a get straight into the receive's destination
+  RemoteKey key{};
 };
 
 struct Op;
@@ -73,8 +79,21 @@ struct SendRec {
   int rank = -1;  // job rank
   CollHeader header{};
   const unsigned char* data = nullptr;
-  bool eager = false;
-  std::vector<unsigned char> bytes;  // header and data, when eager (capacity kept for reuse)
+  std::vector<unsigned char> bytes;  // the message: header, then the data or the key (capacity kept)
+  MemoryRegion region;               // rts: the data's registration, until the fin
+  bool awaiting_fin = false;         // rts: the send ends with the receiver's fin
+};
+
+// A get of a receive's data from its sender (an rts), into the receive's destination or, for a
+// reduction, a landing buffer of the op's.
+struct GetRec {
+  Op* op = nullptr;
+  std::size_t index = 0;  // the receive's, in its round
+  int rank = -1;          // the sender's job rank
+  std::uint16_t step = 0;
+  RemoteKey key{};
+  unsigned char* dst = nullptr;
+  std::size_t size = 0;
 };
 
 // A collective in flight. Pooled per team: every field is reset by the next collective that
@@ -89,7 +108,15 @@ struct Op {
   std::size_t missing = 0;     // its receives not yet arrived
   std::vector<Message> got;    // by receive index, for the current round
   std::vector<Message> early;  // arrived for a later round
-  std::vector<SendRec> sends;  // the current round's
+  // Every message this op sent and get it posted, in order (their counts reset at each start):
+  // a deque, whose elements stay put as it grows, so a record the device still holds is never
+  // moved or reused while the op runs; kept across uses for their buffers' capacity.
+  std::deque<SendRec> sends;
+  std::size_t send_count = 0;
+  std::size_t round_sends = 0;  // sends[round_sends..send_count) are the current round's
+  std::deque<GetRec> gets;
+  std::size_t get_count = 0;
+  std::vector<std::vector<unsigned char>> landing;  // by receive index: a reduction's got data
   CompletionObject* local = nullptr;
   void* context = nullptr;
   std::size_t bytes = 0;  // Completion::size
@@ -141,8 +168,11 @@ struct Ended {
 struct Outbox {
   SmallList<SendRec*, 8> sends;
   std::size_t next = 0;  // sends[next..] are still to post
+  SmallList<GetRec*, 4> gets;
+  std::size_t next_get = 0;
   SmallList<Ended, 2> ended;
-  bool empty() const noexcept { return next == sends.size() && ended.empty(); }
+  std::vector<MemoryRegion> drop;  // registrations to release (a device call: not under a lock)
+  bool empty() const noexcept { return next == sends.size() && next_get == gets.size() && ended.empty() && drop.empty(); }
 };
 
 class TeamImpl {
@@ -180,6 +210,14 @@ class TeamImpl {
   void send_complete(SendRec& s, int error, int rank);
   // A send of `op` the engine gives up on (its collective ended while it waited to be retried).
   void send_dropped(SendRec& s);
+  // An rts or fin left (its post completed): the record's reference goes.
+  void posted_only(SendRec& s);
+  // A get of an rts's data completed (error 0, or peer_failed_error with the rank).
+  void get_complete(GetRec& g, int error);
+  // The receiver of this rank's rts read it: the send ends.
+  void on_fin(int src, std::uint64_t seq, std::uint16_t step);
+  bool running(const GetRec& g);
+  void get_dropped(GetRec& g);
   // Ends every collective in flight with peer_failed_error when a member has failed.
   void fail_if_broken();
   // Whether the send's collective still runs (a send to retry is posted only then).
@@ -260,6 +298,8 @@ class Engine final : public DeviceExtension, public CompletionObject {
  private:
   void on_message(Completion&& c);
   void post_send(SendRec* s);
+  void sent(SendRec& s, int error, int rank);
+  void post_get(GetRec* g);
 
   Runtime& runtime_;
   std::mutex mutex_;
@@ -272,8 +312,11 @@ class Engine final : public DeviceExtension, public CompletionObject {
     Message m;
   };
   std::vector<Orphan> orphans_;  // under mutex_
-  std::vector<SendRec*> retry_;  // under mutex_
-  std::atomic<std::size_t> retry_count_{0};  // retry_.size(), read without the lock; relaxed: a hint
+  std::vector<SendRec*> retry_;      // under mutex_
+  std::vector<GetRec*> retry_gets_;  // under mutex_
+  // Entries of retry_ and retry_gets_ (at least), read without the lock; relaxed: a hint, the
+  // lock orders the lists themselves.
+  std::atomic<std::size_t> retry_count_{0};
   std::uint32_t failures_seen_ = 0;          // under mutex_
   std::atomic<std::uint64_t> malformed_{0};
   // The team the last message was for: a team is never removed before the engine goes.

@@ -90,16 +90,21 @@ class Schedule {
 // Sizes are in bytes.
 void barrier_schedule(Schedule& s, int n, int me);
 void broadcast_schedule(Schedule& s, int n, int me, int root, unsigned char* buffer, std::size_t size);
+// The root's n blocks scattered down the binomial tree, then a ring allgather of them.
+void scatter_allgather_broadcast_schedule(Schedule& s, int n, int me, int root, unsigned char* buffer, std::size_t size);
 void reduce_schedule(Schedule& s, int n, int me, int root, const unsigned char* send, unsigned char* recv, std::size_t bytes,
                      const Reduction& r);
+// `ring`: the ring (reduce-scatter, then allgather, of n blocks of elements), else recursive doubling.
 void allreduce_schedule(Schedule& s, int n, int me, const unsigned char* send, unsigned char* recv, std::size_t bytes,
-                        const Reduction& r);
+                        const Reduction& r, bool ring = false);
 void reduce_scatter_schedule(Schedule& s, int n, int me, const unsigned char* send, unsigned char* recv, std::size_t block,
                              const Reduction& r);
 void scan_schedule(Schedule& s, int n, int me, const unsigned char* send, unsigned char* recv, std::size_t bytes,
                    const Reduction& r);
 void gather_schedule(Schedule& s, int n, int me, int root, const unsigned char* send, unsigned char* recv, std::size_t size);
-void allgather_schedule(Schedule& s, int n, int me, const unsigned char* send, unsigned char* recv, std::size_t size);
+// `ring`, or recursive doubling where n is a power of two (else the ring).
+void allgather_schedule(Schedule& s, int n, int me, const unsigned char* send, unsigned char* recv, std::size_t size,
+                        bool ring = false);
 void allgatherv_schedule(Schedule& s, int n, int me, const unsigned char* send, unsigned char* recv,
                          const std::vector<std::size_t>& counts, const std::vector<std::size_t>& offsets);
 void alltoallv_schedule(Schedule& s, int n, int me, const unsigned char* send, const std::vector<std::size_t>& send_counts,

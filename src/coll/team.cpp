@@ -167,7 +167,18 @@ Status Team::post_broadcast(const BroadcastArgs& a) {
   check_local("post_broadcast", a.local);
   check_root("post_broadcast", t, a.root);
   check_buffer("post_broadcast", "buffer", a.buffer, a.size);
-  return t.post([&](Schedule& s) { detail::broadcast_schedule(s, t.size(), t.me(), a.root, u8(a.buffer), a.size); }, a.size, a.local, a.context);
+  const RuntimeSettings& o = t.engine().runtime().options().settings;
+  const bool scatter = o.coll_bcast == BcastAlgorithm::scatter_allgather ||
+                       (o.coll_bcast == BcastAlgorithm::automatic && a.size >= o.coll_large && t.size() >= 3);
+  return t.post(
+      [&](Schedule& s) {
+        if (scatter) {
+          detail::scatter_allgather_broadcast_schedule(s, t.size(), t.me(), a.root, u8(a.buffer), a.size);
+        } else {
+          detail::broadcast_schedule(s, t.size(), t.me(), a.root, u8(a.buffer), a.size);
+        }
+      },
+      a.size, a.local, a.context);
 }
 
 namespace {
@@ -201,7 +212,11 @@ Status Team::post_allreduce(const ReduceArgs& a) {
   const auto checked = check_reduce("post_allreduce", a);
   const detail::Reduction r = checked.first;
   const std::size_t bytes = checked.second;
-  return t.post([&](Schedule& s) { detail::allreduce_schedule(s, t.size(), t.me(), u8(a.send), u8(a.recv), bytes, r); }, bytes, a.local, a.context);
+  const RuntimeSettings& o = t.engine().runtime().options().settings;
+  const bool ring = o.coll_allreduce == AllreduceAlgorithm::ring ||
+                    (o.coll_allreduce == AllreduceAlgorithm::automatic && bytes >= o.coll_large);
+  return t.post([&](Schedule& s) { detail::allreduce_schedule(s, t.size(), t.me(), u8(a.send), u8(a.recv), bytes, r, ring); },
+                bytes, a.local, a.context);
 }
 
 Status Team::post_reduce_scatter(const ReduceArgs& a) {
@@ -236,7 +251,11 @@ Status Team::post_allgather(const GatherArgs& a) {
   check_buffer("post_allgather", "send", a.send, a.size);
   const std::size_t total = bytes_of("post_allgather", a.size, 1, static_cast<std::size_t>(t.size()));
   check_buffer("post_allgather", "recv", a.recv, total);
-  return t.post([&](Schedule& s) { detail::allgather_schedule(s, t.size(), t.me(), u8(a.send), u8(a.recv), a.size); }, a.size, a.local, a.context);
+  const RuntimeSettings& o = t.engine().runtime().options().settings;
+  const bool ring = o.coll_allgather == AllgatherAlgorithm::ring ||
+                    (o.coll_allgather == AllgatherAlgorithm::automatic && a.size >= o.coll_large);
+  return t.post([&](Schedule& s) { detail::allgather_schedule(s, t.size(), t.me(), u8(a.send), u8(a.recv), a.size, ring); },
+                a.size, a.local, a.context);
 }
 
 namespace {

@@ -23,9 +23,11 @@ namespace {
 
 // The core's options that shape what goes on the wire or which endpoints exist: ranks that
 // disagree on one would truncate, misread or never reach each other's messages (or, for the
-// peer timeout, send heartbeats more rarely than a peer's timeout allows).
-constexpr const char* kJobWideOptions[] = {"transport", "network", "devices", "packet_size", "fragment", "fragment_max",
-                                          "max_targets", "peer_timeout_ms"};
+// peer timeout, send heartbeats more rarely than a peer's timeout allows; for the collectives'
+// algorithms, run different schedules of one collective).
+constexpr const char* kJobWideOptions[] = {"transport",      "network",    "devices",        "packet_size",
+                                          "fragment",       "fragment_max", "max_targets",  "peer_timeout_ms",
+                                          "coll_allreduce", "coll_bcast", "coll_allgather", "coll_large"};
 
 // The core's job-wide options, then the backends' rows that declare themselves job-wide (the
 // core cannot know which of a backend's settings its peers must share).

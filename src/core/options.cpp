@@ -356,6 +356,29 @@ const RuntimeOptionTable& runtime_option_table() {
           option({"log", "FERRY_LOG", T::choice, "warn", {"off", "error", "warn", "info", "debug"}, 0, 0, nullptr,
                   "diagnostics on stderr: off, or this level and the more severe ones: error, warn, info, debug"},
                  &O::log, &S::log),
+          // The collectives' (src/coll/, docs/collectives.md): read at each post, the same on every rank.
+          option({"coll_allreduce", "FERRY_COLL_ALLREDUCE", T::choice, "auto", {"auto", "recursive_doubling", "ring"}, 0,
+                  0, nullptr,
+                  "allreduce's algorithm: recursive_doubling (log2 n rounds of the whole vector), ring (a "
+                  "reduce-scatter and an allgather around the ring, 2(n-1) rounds of 1/n of it each), auto (ring "
+                  "from FERRY_COLL_LARGE bytes on teams of 3 or more, recursive doubling below); the same on every rank"},
+                 &O::coll_allreduce, &S::coll_allreduce),
+          option({"coll_bcast", "FERRY_COLL_BCAST", T::choice, "auto", {"auto", "binomial", "scatter_allgather"}, 0, 0,
+                  nullptr,
+                  "broadcast's algorithm: binomial (a tree of whole messages), scatter_allgather (the root's "
+                  "blocks scattered down a binomial tree, then a ring allgather), auto (scatter_allgather from "
+                  "FERRY_COLL_LARGE bytes on teams of 3 or more); the same on every rank"},
+                 &O::coll_bcast, &S::coll_bcast),
+          option({"coll_allgather", "FERRY_COLL_ALLGATHER", T::choice, "auto", {"auto", "recursive_doubling", "ring"}, 0,
+                  0, nullptr,
+                  "allgather's algorithm: recursive_doubling (teams whose size is a power of two; others use the "
+                  "ring), ring, auto (recursive doubling on a power of two below FERRY_COLL_LARGE bytes per member, "
+                  "the ring otherwise); the same on every rank"},
+                 &O::coll_allgather, &S::coll_allgather),
+          option({"coll_large", "FERRY_COLL_LARGE", T::size, "65536", {}, 0, std::size_t{1} << 40, nullptr,
+                  "bytes (a broadcast's or reduction's message, an allgather's per member) from which the auto "
+                  "algorithms are the bandwidth ones"},
+                 &O::coll_large, &S::coll_large),
       });
   return table;
 }
