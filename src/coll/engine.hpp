@@ -3,11 +3,12 @@
 // sends their messages and takes in what arrives.
 //
 // Messages. Every message of a collective is an active message to the collectives' target
-// (TargetTable::kCollectiveTarget) on the team's device: a CollHeader naming the team, the
-// collective's sequence number on it and the step, then the data (eager: in the same payload;
-// larger: one zero-copy part). Everything in a header is checked before use; a message that
-// fails is dropped and logged, or, when it names an operation in flight with a size it does
-// not expect, ends that operation with -EPROTO.
+// (kCollectiveTarget) on the team's device: a CollHeader naming the team, the collective's
+// sequence number on it, the step and the kind, then the data (eager), or the key a larger
+// data is read with (rts: the receiver gets it straight into place and answers fin).
+// Everything in a header is checked before use; a message that fails is dropped and logged,
+// or, when it names an operation in flight with a size it does not expect, ends that
+// operation with -EPROTO.
 //
 // Matching. A team numbers its collectives in posting order (next_seq_); a message for a
 // number this rank has not posted yet waits in the team's unexpected list, one for a team this
@@ -15,8 +16,9 @@
 // only after a failure) is dropped.
 //
 // Threads and locks. A team's state (its ops, their rounds, the unexpected list) is under the
-// team's mutex; the engine's (the team table, the orphans, the sends to retry) under the
-// engine's. Neither is ever held while posting to a device or signalling a completion object:
+// team's mutex; the engine's (the team table, the orphans, the sends and gets to retry) under
+// the engine's. Neither is ever held while calling into a device (a post, a registration) or
+// signalling a completion object:
 // a post may run another thread's progress (lock models that combine), which may deliver a
 // collective's message and take the team's mutex. Work found under a lock goes into an Outbox,
 // carried out after it is released. Collectives are not the small-message path: a mutex is
