@@ -604,29 +604,14 @@ void Engine::on_message(Completion&& c) {
     FERRY_LOG_AT(warn, runtime_.rank(), -1, "dropped a malformed collective's message from rank %d: %s", c.rank, why);
   };
   if (!c.parts.empty()) return malformed("it has zero-copy parts");
-  if (c.buffer.size() < sizeof(CollHeader)) return malformed("shorter than its header");
-  CollHeader h;
-  std::memcpy(&h, c.buffer.data(), sizeof h);
-  if (h.magic != kCollMagic) return malformed("bad magic");
-  const std::size_t rest = c.buffer.size() - sizeof(CollHeader);
+  CollMessage d;
+  if (const char* why = decode_coll(c.buffer.data(), c.buffer.size(), c.rank, d)) return malformed(why);
+  const CollHeader& h = d.header;
   Message m;
-  switch (static_cast<CollKind>(h.kind)) {
-    case CollKind::data:
-      if (rest != h.size) return malformed("its size does not match its header");
-      m.data = static_cast<const unsigned char*>(c.buffer.data()) + sizeof(CollHeader);
-      break;
-    case CollKind::rts:
-      if (rest != sizeof(RemoteKey)) return malformed("a read request without its key");
-      std::memcpy(&m.key, static_cast<const unsigned char*>(c.buffer.data()) + sizeof(CollHeader), sizeof m.key);
-      if (m.key.rank != c.rank || m.key.size < h.size) return malformed("its key is not its sender's or is too small");
-      m.rts = true;
-      break;
-    case CollKind::fin:
-      if (rest != 0 || h.size != 0) return malformed("a fin with a payload");
-      break;
-    default: return malformed("unknown kind");
-  }
-  m.size = static_cast<std::size_t>(h.size);
+  m.data = d.data;
+  m.size = d.size;
+  m.rts = d.kind == CollKind::rts;
+  m.key = d.key;
   m.holder = std::move(c.buffer);
   // The team of the last message, without the engine's lock: teams live as long as the engine.
   TeamImpl* team = last_team_.load(std::memory_order_acquire);

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "coll/schedule.hpp"
+#include "coll/wire.hpp"
 #include "core/extension.hpp"
 #include "ferry/coll.hpp"
 #include "ferry/completion.hpp"
@@ -44,20 +45,6 @@ namespace ferry::detail {
 
 class Engine;
 class TeamImpl;
-
-struct CollHeader {
-  std::uint32_t magic;
-  std::uint16_t step;
-  std::uint16_t kind;  // CollKind
-  std::uint64_t team;
-  std::uint64_t seq;
-  std::uint64_t size;  // data bytes
-};
-static_assert(sizeof(CollHeader) == 32, "part of the wire format");
-inline constexpr std::uint32_t kCollMagic = 0x4C4F4346;  // "FCOL"
-// data: the data follows (eager). rts: a RemoteKey follows; the receiver reads the `size` bytes
-// with a get and answers fin, which ends the send.
-enum class CollKind : std::uint16_t { data = 0, rts = 1, fin = 2 };
 
 // A message of a collective, as it arrived: its data stays in the Buffer ferry delivered.
 struct Message {

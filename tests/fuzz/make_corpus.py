@@ -4,7 +4,7 @@ well-formed scripts of every message kind of ferry's core wire format (src/core/
 frame as [u16 little-endian length][bytes]; for parcel_header_fuzz, well-formed parcel headers;
 for mpi_header_fuzz, well-formed MPI parcelport headers, aggregates among them; for notify_fuzz,
 put notifications as a transport reports them; for heartbeat_fuzz, keepalive heartbeats, each
-frame as [u8 length][bytes].
+frame as [u8 length][bytes]; for coll_header_fuzz, collectives' messages after their sender's rank.
 The fuzzers mutate them; the replay tests run them as they are."""
 import os
 import struct
@@ -119,10 +119,34 @@ heartbeat_seeds = {
     "notice_of_itself": beat(3, subject=0) + beat(3, subject=9) + beat(1),
 }
 
+def coll(kind, size, payload=b"", sender=1, step=0, team=1, seq=0):
+    """coll_header_fuzz's input: the sender's rank, then a collective's message
+    (src/coll/wire.hpp): magic, step, kind, team, seq, size, then the data or the key."""
+    return struct.pack("<i", sender) + struct.pack("<IHHQQQ", 0x4C4F4346, step, kind, team, seq, size) + payload
+
+
+def coll_key(rank, size, base=0x10000, key=7, device=0):
+    """A RemoteKey: base, size, key, rank, device."""
+    return struct.pack("<QQQii", base, size, key, rank, device)
+
+
+coll_seeds = {
+    "data_empty": coll(0, 0),
+    "data_8": coll(0, 8, b"\x01" * 8, step=3),
+    "data_short": coll(0, 16, b"\x02" * 8),
+    "rts": coll(1, 1 << 20, coll_key(1, 1 << 20)),
+    "rts_other_sender": coll(1, 4096, coll_key(2, 4096)),
+    "rts_small_key": coll(1, 4096, coll_key(1, 100)),
+    "fin": coll(2, 0, sender=3, step=5),
+    "fin_with_payload": coll(2, 0, b"\x00" * 4),
+    "unknown_kind": coll(9, 0),
+    "bad_magic": struct.pack("<i", 0) + b"\xff" * 32,
+}
+
 root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "corpus")
 for target, files in (("wire", {n: script(f) for n, f in seeds.items()}), ("parcel_header", parcel_seeds),
                       ("mpi_header", mpi_seeds), ("notify", notify_seeds),
-                      ("heartbeat", heartbeat_seeds)):
+                      ("heartbeat", heartbeat_seeds), ("coll_header", coll_seeds)):
     out = os.path.join(root, target)
     os.makedirs(out, exist_ok=True)
     for name, data in files.items():
