@@ -4,12 +4,14 @@
 // (Team::world), or a group made collectively from another team (split by colour and key,
 // a subset by index list, the ranks on this rank's host). A team has a size and this rank's
 // index in it; its collectives travel on its device and advance as that device progresses.
+// A Team is a shared handle (copies name one team) and must not outlive its runtime.
 //
 // Every collective is posted like any ferry operation and returns
 //   done    it is complete (a team of one, say); its local completion object is not signalled;
 //   posted  it is under way; `local` is signalled exactly once, with Completion::op ==
-//           OpKind::coll, `context`, and error 0 or peer_failed_error (Completion::rank: the
-//           failed member's rank in the job);
+//           OpKind::coll, `context`, and error 0, peer_failed_error (Completion::rank: the
+//           failed member's rank in the job), or -EPROTO when a member's message did not
+//           have the size this member's call expects (the members disagree on the call);
 //   failed  a member had failed before it could start (Status::rank: that member).
 // It never answers retry: a collective whose messages find the device short of a resource
 // keeps them and sends them as progress frees it.
