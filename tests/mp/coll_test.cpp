@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -426,6 +427,33 @@ TEST(Coll, ManyInFlightFromSeveralThreadsOnSeveralTeams) {
   }
   for (auto& th : threads) th.join();
   for (int th = 0; th < kThreads; ++th) EXPECT_EQ(bad[static_cast<std::size_t>(th)], 0) << "thread " << th;
+  rt().barrier();
+}
+
+// With several devices (FERRY_DEVICES), the whole job on each, collectives on all at once.
+TEST(Coll, EveryDeviceHasItsWorldTeam) {
+  const int devices = rt().device_count();
+  std::vector<Team> worlds;
+  for (int d = 0; d < devices; ++d) worlds.push_back(Team::world(rt(), d));
+  std::vector<std::int64_t> sums(static_cast<std::size_t>(devices), 0);
+  std::vector<std::int64_t> mine(static_cast<std::size_t>(devices));
+  std::vector<std::unique_ptr<ferry::Synchronizer>> syncs;
+  for (int d = 0; d < devices; ++d) {
+    mine[static_cast<std::size_t>(d)] = rt().rank() + 10 * d;
+    syncs.push_back(std::make_unique<ferry::Synchronizer>());
+    const ferry::Status st = worlds[static_cast<std::size_t>(d)].post_allreduce(
+        {.send = &mine[static_cast<std::size_t>(d)], .recv = &sums[static_cast<std::size_t>(d)], .count = 1,
+         .type = DataType::i64, .op = ReduceOp::sum, .local = syncs.back().get()});
+    ASSERT_FALSE(st.is_failed());
+    if (st.is_done()) syncs.back()->signal(ferry::Completion{});
+  }
+  for (int d = 0; d < devices; ++d) {
+    ferry::Synchronizer& s = *syncs[static_cast<std::size_t>(d)];
+    ASSERT_TRUE(wait_until(rt().device(d), [&] { return s.test(); })) << "device " << d;
+    const std::int64_t n = rt().size();
+    EXPECT_EQ(sums[static_cast<std::size_t>(d)], n * (n - 1) / 2 + 10 * d * n) << "device " << d;
+  }
+  EXPECT_THROW((void)Team::world(rt(), devices), ferry::Error);
   rt().barrier();
 }
 
