@@ -13,15 +13,19 @@ under --out.
 """
 import argparse
 import csv
-import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchkit import c2c_probe, git_rev, int_list, last_json, missing_program, name_list, positive, results_dir, run_in_group  # noqa: E402
 
 OPS = ["barrier", "bcast", "reduce", "allreduce", "allgather", "alltoall", "reduce_scatter"]
 SIZES = [8, 1024, 65536, 1 << 20, 4 << 20]
+IMPLS = ["ferry", "mpich", "openmpi"]
+PROGRAMS = {"ferry": "ferry-bench", "mpich": "ferry-mpi-coll", "openmpi": "ferry-mpi-coll-openmpi"}
 
 
 def command(impl, bin_dir, ranks, op, size, iters):
@@ -33,56 +37,34 @@ def command(impl, bin_dir, ranks, op, size, iters):
     return ["mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "-n", str(ranks), f"{bin_dir}/ferry-mpi-coll-openmpi"] + args
 
 
-def run(cmd):
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600).stdout
-    except subprocess.TimeoutExpired:
-        return None
-    for line in out.splitlines():
-        line = line.strip()
-        if line.startswith("[0] "):
-            line = line[4:]
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                pass
-    return None
-
-
-def placement(bin_dir):
-    out = subprocess.run([f"{bin_dir}/ferry-c2c"], capture_output=True, text=True).stdout
-    try:
-        return json.loads(out.strip().splitlines()[-1])["round_trip_ns"]
-    except (IndexError, KeyError, json.JSONDecodeError):
-        return None
+def run(cmd, op):
+    """One job's result (its last JSON line naming `op`), or None; a job past 10 minutes is
+    killed with its whole process group (launcher and ranks)."""
+    rc, out, _, _ = run_in_group(cmd, dict(os.environ), 600)
+    return last_json(out, op, key="op") if rc == 0 else None
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin-dir", default="build/bin")
-    ap.add_argument("--ranks", default="2,4,8")
-    ap.add_argument("--ops", default=",".join(OPS))
-    ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
-    ap.add_argument("--impls", default="ferry,mpich,openmpi")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--iters", type=int, default=500)
+    ap.add_argument("--ranks", type=lambda t: int_list(t, "--ranks", 1), default=[2, 4, 8])
+    ap.add_argument("--ops", type=name_list(OPS), default=OPS)
+    ap.add_argument("--sizes", type=lambda t: int_list(t, "--sizes", 0), default=SIZES)
+    ap.add_argument("--impls", type=name_list(IMPLS), default=IMPLS)
+    ap.add_argument("--reps", type=positive, default=5)
+    ap.add_argument("--iters", type=positive, default=500)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if a.quick:
-        a.reps, a.iters, a.sizes = 1, 100, "8,65536"
-    ranks = [int(r) for r in a.ranks.split(",")]
-    ops = a.ops.split(",")
-    sizes = [int(s) for s in a.sizes.split(",")]
-    impls = a.impls.split(",")
-    for op in ops:
-        if op not in OPS:
-            sys.exit(f"coll.py: --ops: '{op}' is not one of {', '.join(OPS)}")
-    out = a.out or "results/coll-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    os.makedirs(out, exist_ok=True)
+        a.reps, a.iters, a.sizes = 1, 100, [8, 65536]
+    ranks, ops, sizes, impls = a.ranks, a.ops, a.sizes, a.impls
+    missing = missing_program(a.bin_dir, ["ferryrun", "ferry-c2c"] + [PROGRAMS[i] for i in impls], "scripts/bench.sh --coll")
+    if missing:
+        sys.exit(f"coll.py: {missing}")
+    out = str(results_dir(a.out, "coll", "%Y%m%d-%H%M%S"))
     cores = os.cpu_count() or 1
-    c2c = placement(a.bin_dir)
+    c2c = c2c_probe(a.bin_dir)
     raw = open(os.path.join(out, "raw.jsonl"), "w")
     rows = []
     for n in ranks:
@@ -91,7 +73,7 @@ def main():
                 got = {i: [] for i in impls}
                 for rep in range(a.reps):
                     for impl in (impls if rep % 2 == 0 else list(reversed(impls))):
-                        j = run(command(impl, a.bin_dir, n, op, size, a.iters))
+                        j = run(command(impl, a.bin_dir, n, op, size, a.iters), op)
                         if j is not None:
                             j.update(impl=impl, run=rep)
                             raw.write(json.dumps(j) + "\n")
@@ -109,10 +91,11 @@ def main():
         w.writeheader()
         w.writerows(rows)
     with open(os.path.join(out, "table.md"), "w") as f:
-        f.write(f"# Collectives: ferry beside MPICH and Open MPI, one host\n\n")
-        f.write(f"Median over {a.reps} alternating runs of each run's median time per operation (µs, the "
-                f"slowest rank's); {cores} cores, so more ranks are oversubscribed; vCPUs' cache-line "
-                f"round trip {c2c:.0f} ns at the start. ferry over its default transport (shm).\n\n" if c2c else "\n")
+        f.write("# Collectives: ferry beside MPICH and Open MPI, one host\n\n")
+        placed = f"vCPUs' cache-line round trip {c2c:.0f} ns at the start" if c2c else "placement not measured"
+        f.write(f"Commit {git_rev()}. Median over {a.reps} alternating runs of each run's median time per operation "
+                f"(µs, the slowest rank's); {cores} cores, so more ranks are oversubscribed; {placed}. ferry over "
+                f"its default transport (shm).\n\n")
         f.write("| ranks | op | size (B) | ferry | MPICH | Open MPI | ferry / better MPI |\n|---|---|---|---|---|---|---|\n")
         for r in rows:
             cell = lambda v: f"{v:.2f}" if v is not None else "—"
