@@ -440,8 +440,6 @@ Engine& Engine::of(Runtime& runtime) {
   return engine;
 }
 
-int Engine::world_size() const noexcept { return runtime_.size(); }
-
 bool Engine::peer_failed(int rank) const noexcept { return detail::peer_failed(runtime_, rank); }
 
 std::shared_ptr<TeamImpl> Engine::world(int device) {
@@ -600,7 +598,6 @@ void Engine::signal(Completion&& c) noexcept {
 void Engine::on_message(Completion&& c) {
   if (c.error != 0) return;  // a message its sender's failure cut short: the failure ends its op
   const auto malformed = [&](const char* why) {
-    malformed_.fetch_add(1, std::memory_order_relaxed);
     FERRY_LOG_AT(warn, runtime_.rank(), -1, "dropped a malformed collective's message from rank %d: %s", c.rank, why);
   };
   if (!c.parts.empty()) return malformed("it has zero-copy parts");

@@ -273,7 +273,6 @@ class Engine final : public DeviceExtension, public CompletionObject {
   std::shared_ptr<TeamImpl> add_team(int device, std::uint64_t id, std::vector<int> members);
 
   Runtime& runtime() noexcept { return runtime_; }
-  int world_size() const noexcept;
   bool peer_failed(int rank) const noexcept;
 
   // Carries out what a locked section left: signals the finished ops, posts the sends.
@@ -307,7 +306,6 @@ class Engine final : public DeviceExtension, public CompletionObject {
   // lock orders the lists themselves.
   std::atomic<std::size_t> retry_count_{0};
   std::uint32_t failures_seen_ = 0;          // under mutex_
-  std::atomic<std::uint64_t> malformed_{0};
   // The team the last message was for: a team is never removed before the engine goes.
   // Release/acquire: the team is constructed before another thread uses the pointer.
   std::atomic<TeamImpl*> last_team_{nullptr};
