@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "ferry/completion.hpp"
+#include "ferry/datatype.hpp"
 #include "ferry/runtime.hpp"
 #include "ferry/status.hpp"
 
@@ -47,14 +48,11 @@ namespace detail {
 class TeamImpl;
 }
 
-enum class DataType : std::uint8_t { i8, u8, i16, u16, i32, u32, i64, u64, f32, f64 };
 // user: ReduceArgs::fn. Every reduction must be associative and commutative: ferry combines
 // contributions in the order its algorithm finds fastest, not by rank.
 enum class ReduceOp : std::uint8_t { sum, prod, min, max, band, bor, bxor, land, lor, user };
 
-const char* to_string(DataType type) noexcept;
 const char* to_string(ReduceOp op) noexcept;
-std::size_t size_of(DataType type) noexcept;
 
 // A user reduction: inout[i] = inout[i] (op) in[i] for i < count elements of the call's type.
 using ReduceFn = void (*)(void* inout, const void* in, std::size_t count, void* user);

@@ -36,8 +36,9 @@ inline constexpr Tag any_tag = 0xFFFFFFFFu;   // post_recv only
 inline constexpr Tag max_tag = 0x7FFFFFFFu;   // largest tag a send may use
 inline constexpr int any_source = -1;         // post_recv only
 
-// coll: a collective or a remote atomic of a Team (ferry/coll.hpp) finished.
-enum class OpKind : std::uint8_t { am, send, recv, put, get, remote_put, remote_am, coll };
+// coll: a collective of a Team (ferry/coll.hpp) finished; atomic: a remote atomic
+// (Device::post_atomic).
+enum class OpKind : std::uint8_t { am, send, recv, put, get, remote_put, remote_am, coll, atomic };
 
 const char* to_string(OpKind kind) noexcept;
 

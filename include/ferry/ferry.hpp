@@ -3,6 +3,7 @@
 
 #include "ferry/coll.hpp"
 #include "ferry/completion.hpp"
+#include "ferry/datatype.hpp"
 #include "ferry/error.hpp"
 #include "ferry/options.hpp"
 #include "ferry/runtime.hpp"

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ferry/completion.hpp"
+#include "ferry/datatype.hpp"
 #include "ferry/options.hpp"
 #include "ferry/status.hpp"
 
@@ -130,6 +131,45 @@ struct GetArgs {
   void* context = nullptr;
 };
 
+// Remote atomics (Device::post_atomic): one read-modify-write of one naturally aligned 32- or
+// 64-bit integer (or a double, for fetch_add and add) in a region registered on its owner.
+//
+// Atomicity. The owner performs each atomic as one sequentially consistent CPU atomic on the
+// location (its progress does, when the request arrives; a post to this rank's own memory, at
+// once), on every transport. So ferry atomics on one location are atomic with respect to each
+// other, from any thread of any rank, and with respect to the owner's own atomic accesses to it
+// (std::atomic_ref, __atomic builtins) of the same width. Plain loads and stores of the
+// location, and puts and gets that cover it, are not atomic with respect to them. Atomics are
+// not ordered with each other or with other operations, except that one completes only after
+// it was performed.
+enum class AtomicOp : std::uint8_t {
+  fetch_add,     // result = old; old + operand (integers wrap)
+  add,           // old + operand; nothing fetched
+  swap,          // result = old; operand
+  compare_swap,  // result = old; operand if old == compare
+  fetch_and,     // result = old; old & operand
+  fetch_or,      // result = old; old | operand
+  fetch_xor,     // result = old; old ^ operand
+};
+const char* to_string(AtomicOp op) noexcept;
+
+struct AtomicArgs {
+  int rank = -1;            // the region's owner (remote.rank)
+  RemoteKey remote{};
+  std::size_t offset = 0;   // into the region: a multiple of the type's size
+  AtomicOp op = AtomicOp::fetch_add;
+  DataType type = DataType::u64;  // i32, u32, i64, u64; f64 for fetch_add and add
+  // The values, read during the post (the caller may reuse them at once): an integer's value
+  // converted to 64 bits (a 32-bit type uses the low 32), a double's bits (std::bit_cast).
+  std::uint64_t operand = 0;
+  std::uint64_t compare = 0;  // compare_swap: the value expected
+  // Where the value before the operation goes (size_of(type) bytes, any alignment), when the
+  // atomic completes; may be null (nothing written). Ferry's from the post until completion.
+  void* result = nullptr;
+  CompletionObject* local = nullptr;
+  void* context = nullptr;
+};
+
 // What the device did so far: its lock model's work (all zero for lockless, serialized,
 // trylock and block), and the messages from the wire it dropped as malformed.
 struct DeviceStats {
@@ -182,6 +222,14 @@ class Device {
   [[nodiscard]] Status post_recv(const RecvArgs& args);
   [[nodiscard]] Status post_put(const PutArgs& args);
   [[nodiscard]] Status post_get(const GetArgs& args);
+  // A remote atomic (AtomicArgs): done when the region is this rank's (performed, `result`
+  // written, nothing signalled); posted, then `local` signalled once with OpKind::atomic, the
+  // rank, size_of(type) and `context` (error 0, or peer_failed_error when the owner failed
+  // first: then `result` is not written and the atomic may or may not have been performed);
+  // retry when the device is short of packets or credits; failed when the owner had failed.
+  // Throws ferry::Error naming the argument for an operation the type does not take, an
+  // offset out of the region or not aligned, or a key of another rank or device.
+  [[nodiscard]] Status post_atomic(const AtomicArgs& args);
   // Polls the network once. True if anything happened. Returns false at once when another
   // thread is polling this device.
   bool progress();

@@ -12,22 +12,6 @@
 
 namespace ferry {
 
-const char* to_string(DataType type) noexcept {
-  switch (type) {
-    case DataType::i8: return "i8";
-    case DataType::u8: return "u8";
-    case DataType::i16: return "i16";
-    case DataType::u16: return "u16";
-    case DataType::i32: return "i32";
-    case DataType::u32: return "u32";
-    case DataType::i64: return "i64";
-    case DataType::u64: return "u64";
-    case DataType::f32: return "f32";
-    case DataType::f64: return "f64";
-  }
-  return "?";
-}
-
 const char* to_string(ReduceOp op) noexcept {
   switch (op) {
     case ReduceOp::sum: return "sum";
@@ -44,21 +28,6 @@ const char* to_string(ReduceOp op) noexcept {
   return "?";
 }
 
-std::size_t size_of(DataType type) noexcept {
-  switch (type) {
-    case DataType::i8:
-    case DataType::u8: return 1;
-    case DataType::i16:
-    case DataType::u16: return 2;
-    case DataType::i32:
-    case DataType::u32:
-    case DataType::f32: return 4;
-    case DataType::i64:
-    case DataType::u64:
-    case DataType::f64: return 8;
-  }
-  return 0;
-}
 
 namespace detail {
 

@@ -11,6 +11,8 @@
 #include "common/ms_queue.hpp"
 #include "core/queues/queue_impl.hpp"
 #include "ferry/completion.hpp"
+#include "ferry/datatype.hpp"
+#include "ferry/runtime.hpp"
 #include "ferry/error.hpp"
 #include "ferry/status.hpp"
 
@@ -46,6 +48,52 @@ const char* to_string(OpKind kind) noexcept {
     case OpKind::remote_put: return "remote_put";
     case OpKind::remote_am: return "remote_am";
     case OpKind::coll: return "coll";
+    case OpKind::atomic: return "atomic";
+  }
+  return "?";
+}
+
+const char* to_string(DataType type) noexcept {
+  switch (type) {
+    case DataType::i8: return "i8";
+    case DataType::u8: return "u8";
+    case DataType::i16: return "i16";
+    case DataType::u16: return "u16";
+    case DataType::i32: return "i32";
+    case DataType::u32: return "u32";
+    case DataType::i64: return "i64";
+    case DataType::u64: return "u64";
+    case DataType::f32: return "f32";
+    case DataType::f64: return "f64";
+  }
+  return "?";
+}
+
+std::size_t size_of(DataType type) noexcept {
+  switch (type) {
+    case DataType::i8:
+    case DataType::u8: return 1;
+    case DataType::i16:
+    case DataType::u16: return 2;
+    case DataType::i32:
+    case DataType::u32:
+    case DataType::f32: return 4;
+    case DataType::i64:
+    case DataType::u64:
+    case DataType::f64: return 8;
+  }
+  return 0;
+}
+
+const char* to_string(AtomicOp op) noexcept {
+  switch (op) {
+    case AtomicOp::fetch_add: return "fetch_add";
+    case AtomicOp::add: return "add";
+    case AtomicOp::swap: return "swap";
+    case AtomicOp::compare_swap: return "compare_swap";
+    case AtomicOp::fetch_and: return "fetch_and";
+    case AtomicOp::fetch_or: return "fetch_or";
+    case AtomicOp::fetch_xor: return "fetch_xor";
   }
   return "?";
 }

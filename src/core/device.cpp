@@ -19,7 +19,8 @@ DeviceImpl::DeviceImpl(const DeviceParts& parts, int index, const Config& config
       recv_descriptors_(std::make_unique<PacketPool>(config.recv_descriptors, 64)),
       fragments_(*this),
       rendezvous_(*this),
-      rma_(*this) {
+      rma_(*this),
+      atomics_(*this, regions_) {
   spare_target_ = static_cast<int>(std::min<std::size_t>(config.prepost, kPollBatch));
   for (Link& l : links_) {
     if (l.transport->caps().delivers_inline) l.transport->set_inline_sink(net::InlineSink{&DeviceImpl::on_inline, this, &l});

@@ -46,6 +46,7 @@
 #include "core/protocols/eager.hpp"
 #include "core/protocols/fragments.hpp"
 #include "core/protocols/rendezvous.hpp"
+#include "core/protocols/atomics.hpp"
 #include "core/protocols/rma.hpp"
 #include "core/recv_blocks.hpp"
 #include "core/wire.hpp"
@@ -84,11 +85,14 @@ class DeviceImpl : public DeviceContext {
   Status post_recv(const RecvArgs& a);
   Status post_put(const PutArgs& a);
   Status post_get(const GetArgs& a);
+  Status post_atomic(const AtomicArgs& a);
   bool progress();
   MemoryRegion register_memory(void* data, std::size_t size);
+  // ~RegionImpl: the region leaves the set atomics may touch before it is deregistered.
+  void forget_region(const RegionImpl& r) noexcept { regions_.remove(r.data, r.size, r.key); }
 
-  // The argument checks of a post (A: AmArgs, AmIovecArgs, SendArgs, RecvArgs, PutArgs or
-  // GetArgs), without performing it: a lock model that defers a post checks it first. Throws
+  // The argument checks of a post (A: AmArgs, AmIovecArgs, SendArgs, RecvArgs, PutArgs,
+  // GetArgs or AtomicArgs), without performing it: a lock model that defers a post checks it first. Throws
   // ferry::Error like the post would.
   template <class A>
   void validate(const A& args) const;
@@ -158,6 +162,7 @@ class DeviceImpl : public DeviceContext {
   void check(const RecvArgs& a) const;
   std::uint64_t check(const PutArgs& a) const;
   void check(const GetArgs& a) const;
+  void check(const AtomicArgs& a) const;
   void check_alive(const char* call) const;
   void check_rank(const char* call, int rank) const;
   void check_target(const char* call, std::uint16_t id) const;
@@ -231,6 +236,9 @@ class DeviceImpl : public DeviceContext {
   Fragments fragments_;
   Rendezvous rendezvous_;
   Rma rma_;
+  // Every region registered on this device, for the owner's check of an atomic's request.
+  RegionSet regions_;
+  Atomics atomics_;
   std::atomic<bool> finalized_{false};
   // Owned by the poll lock holder.
   std::uint32_t progress_calls_ = 0;

@@ -1,5 +1,5 @@
 // device_failure.cpp — a peer's failure, acted on by the device: its transports told, and
-// every receive, rendezvous and fragmented message pending to or from it failed.
+// every receive, rendezvous, fragmented message and atomic pending to or from it failed.
 #include "core/device.hpp"
 
 #include <cstddef>
@@ -12,6 +12,7 @@ void DeviceImpl::fail_peer(int rank) {
   fail_recvs(rank);
   rendezvous_.fail_peer(rank);
   fragments_.fail_peer(rank);
+  atomics_.fail_peer(rank);
 }
 
 void DeviceImpl::check_failures() {

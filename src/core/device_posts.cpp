@@ -136,6 +136,27 @@ inline void DeviceImpl::check(const GetArgs& a) const {
   check_remote("post_get", a.rank, index_, a.remote, a.offset, a.size);
 }
 
+inline void DeviceImpl::check(const AtomicArgs& a) const {
+  check_alive("post_atomic");
+  check_rank("post_atomic", a.rank);
+  const auto op = static_cast<std::uint8_t>(a.op);
+  const auto type = static_cast<std::uint8_t>(a.type);
+  if (!valid_atomic_op(op)) throw Error("post_atomic: op=" + str(op) + " is not an AtomicOp");
+  if (type > static_cast<std::uint8_t>(DataType::f64)) throw Error("post_atomic: type=" + str(type) + " is not a DataType");
+  if (atomic_width(a.type) == 0) {
+    throw Error(std::string("post_atomic: type=") + to_string(a.type) + " is not an atomic type (i32, u32, i64, u64, f64)");
+  }
+  if (refuse_atomic(op, type) != nullptr) {
+    throw Error(std::string("post_atomic: op=") + to_string(a.op) + " is not defined for type=f64 (it takes fetch_add and add)");
+  }
+  const std::size_t width = atomic_width(a.type);
+  if (a.offset % width != 0 || (a.remote.base + a.offset) % width != 0) {
+    throw Error("post_atomic: offset=" + str(a.offset) + " into the region at " + str(a.remote.base) +
+                " is not aligned to type=" + to_string(a.type) + "'s " + str(width) + " bytes");
+  }
+  check_remote("post_atomic", a.rank, index_, a.remote, a.offset, width);
+}
+
 template <class A>
 void DeviceImpl::validate(const A& args) const {
   (void)check(args);
@@ -147,6 +168,7 @@ template void DeviceImpl::validate(const SendArgs&) const;
 template void DeviceImpl::validate(const RecvArgs&) const;
 template void DeviceImpl::validate(const PutArgs&) const;
 template void DeviceImpl::validate(const GetArgs&) const;
+template void DeviceImpl::validate(const AtomicArgs&) const;
 
 inline void DeviceImpl::check_target(const char* call, std::uint16_t id) const {
   // The collectives' id is beyond the application's: a message to it is checked by their
@@ -304,10 +326,25 @@ MemoryRegion DeviceImpl::register_memory(void* data, std::size_t size) {
       r->key = r->registrations.back().second->key();
     }
   }
+  regions_.add(data, size, r->key);
   return MemoryRegion(std::move(r));
 }
 
+Status DeviceImpl::post_atomic(const AtomicArgs& a) {
+  check(a);
+  if (a.rank == rank_) {
+    if (!atomics_.perform_local(a)) {
+      throw Error("post_atomic: the remote key names no region registered on this device (it was deregistered)");
+    }
+    return Status::make_done();
+  }
+  if (__builtin_expect(peer_down(a.rank), 0)) return Status::make_failed(a.rank);
+  if (!fragments_.clear()) return Status::make_retry(RetryReason::transport);
+  return atomics_.post(a);
+}
+
 RegionImpl::~RegionImpl() {
+  if (device != nullptr) device->forget_region(*this);
   for (auto& [transport, registration] : registrations) transport->deregister(registration);
 }
 

@@ -239,6 +239,12 @@ void DeviceImpl::on_packet(Packet* p) {
     case MsgKind::fin:
       rendezvous_.on_fin(p);
       return;
+    case MsgKind::atomic:
+      atomics_.on_request(p);
+      return;
+    case MsgKind::atomic_reply:
+      atomics_.on_reply(p);
+      return;
   }
 }
 

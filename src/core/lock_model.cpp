@@ -27,6 +27,7 @@ Status perform(DeviceImpl& d, const SendArgs& a) { return d.post_send(a); }
 Status perform(DeviceImpl& d, const RecvArgs& a) { return d.post_recv(a); }
 Status perform(DeviceImpl& d, const PutArgs& a) { return d.post_put(a); }
 Status perform(DeviceImpl& d, const GetArgs& a) { return d.post_get(a); }
+Status perform(DeviceImpl& d, const AtomicArgs& a) { return d.post_atomic(a); }
 
 // What a deferred operation that finished at once reports to its local completion object.
 Completion completion(OpKind op, int rank, Tag tag, std::size_t size, void* context) {
@@ -45,6 +46,9 @@ Completion completion_of(const RecvArgs& a, const Status& s) {
 }
 Completion completion_of(const PutArgs& a, const Status&) { return completion(OpKind::put, a.rank, 0, a.size, a.context); }
 Completion completion_of(const GetArgs& a, const Status&) { return completion(OpKind::get, a.rank, 0, a.size, a.context); }
+Completion completion_of(const AtomicArgs& a, const Status&) {
+  return completion(OpKind::atomic, a.rank, 0, size_of(a.type), a.context);
+}
 
 // Copies `size` bytes into the descriptor and returns where they now are.
 const void* keep(OpDesc& d, const void* buffer, std::size_t size) {
@@ -76,6 +80,8 @@ bool keep_eager(const DeviceImpl& dev, OpDesc& d, PutArgs& a) {
 }
 bool keep_eager(const DeviceImpl&, OpDesc&, RecvArgs&) { return false; }
 bool keep_eager(const DeviceImpl&, OpDesc&, GetArgs&) { return false; }
+// An atomic's values are in its arguments; its result is written when it is performed.
+bool keep_eager(const DeviceImpl&, OpDesc&, AtomicArgs&) { return false; }
 
 }  // namespace
 
@@ -301,6 +307,7 @@ template Status LockModelImpl::post(const SendArgs&);
 template Status LockModelImpl::post(const RecvArgs&);
 template Status LockModelImpl::post(const PutArgs&);
 template Status LockModelImpl::post(const GetArgs&);
+template Status LockModelImpl::post(const AtomicArgs&);
 
 bool LockModelImpl::progress() {
   if (inside()) return dev_.progress();

@@ -66,7 +66,7 @@ using ferry::LockModel;  // public (options.hpp): RuntimeSettings holds it, reso
 
 // One deferred post, as data (lockq on contention, offload always).
 struct OpDesc {
-  using Args = std::variant<AmArgs, AmIovecArgs, SendArgs, RecvArgs, PutArgs, GetArgs>;
+  using Args = std::variant<AmArgs, AmIovecArgs, SendArgs, RecvArgs, PutArgs, GetArgs, AtomicArgs>;
   Args args;
   std::vector<unsigned char> copy;  // an eager payload (and an iovec's eager part), owned
   bool returned_done = false;       // the caller was told `done`: signal nothing later
@@ -87,7 +87,7 @@ class LockModelImpl {
   LockModelImpl& operator=(const LockModelImpl&) = delete;
 
   LockModel model() const noexcept { return model_; }
-  // A post of one of the six argument types of OpDesc::Args (instantiated in lock_model.cpp).
+  // A post of one of the seven argument types of OpDesc::Args (instantiated in lock_model.cpp).
   template <class A>
   Status post(const A& args);
   bool progress();

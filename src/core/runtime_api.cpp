@@ -105,6 +105,10 @@ Status Device::post_get(const GetArgs& a) {
   if (lock_model_ != nullptr) return lock_model_->post(a);
   return impl_->post_get(a);
 }
+Status Device::post_atomic(const AtomicArgs& a) {
+  if (lock_model_ != nullptr) return lock_model_->post(a);
+  return impl_->post_atomic(a);
+}
 bool Device::progress() {
   if (lock_model_ != nullptr) return lock_model_->progress();
   return impl_->progress();

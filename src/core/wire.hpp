@@ -2,6 +2,7 @@
 //
 // Every eager packet starts with a 16-byte WireHeader; a fragment adds a FragBody. Rendezvous control packets (RTS) carry
 // an RtsBody after it; an iovec RTS carries the eager part and one RtsPart per zero-copy part.
+// An atomic's request carries an AtomicBody, its answer an AtomicReply (core/atomic_wire.hpp).
 // Encoding is memcpy of a trivially copyable struct: all ranks of a job run the same binary
 // on the same architecture, so no byte swapping is done.
 #pragma once
@@ -22,6 +23,8 @@ enum class MsgKind : std::uint8_t {
   fin = 6,        // rendezvous done: FinBody follows
   barrier = 7,    // one step of Runtime::barrier: tag = (epoch parity << 8) | round
   frag = 8,       // one piece of an eager am/msg: reserved = its kind, aux = message id, FragBody
+  atomic = 9,     // a remote atomic's request: reserved = its AtomicOp, target = its DataType, AtomicBody
+  atomic_reply = 10,  // its answer: AtomicReply follows
 };
 
 struct WireHeader {
@@ -80,7 +83,7 @@ inline T decode(const void* at) noexcept {
   return value;
 }
 
-inline bool valid_kind(std::uint8_t k) noexcept { return k >= 1 && k <= 8; }
+inline bool valid_kind(std::uint8_t k) noexcept { return k >= 1 && k <= 10; }
 
 // The fewest bytes a packet of kind `k` holds: its header and fixed body; for a byte that
 // names no kind, more than any packet holds (packets hold at most 1 GiB, FERRY_PACKET_SIZE).
@@ -99,6 +102,8 @@ inline std::size_t min_length(std::uint8_t k) noexcept {
       at[6] = 16 + 8;   // fin
       at[7] = 16;       // barrier
       at[8] = 16;       // frag (its FragBody is checked by Fragments)
+      at[9] = 16 + 40;  // atomic: AtomicBody
+      at[10] = 16 + 24; // atomic_reply: AtomicReply
     }
   };
   static constexpr Table kMin;

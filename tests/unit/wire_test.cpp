@@ -41,7 +41,8 @@ TEST(Wire, HeaderLayout) {
 // valid_kind accepts exactly the MsgKind enumerators (a receiver drops anything else).
 TEST(Wire, ValidKind) {
   constexpr MsgKind kinds[] = {MsgKind::am,      MsgKind::msg, MsgKind::rts_am, MsgKind::rts_msg,
-                               MsgKind::rts_iovec, MsgKind::fin, MsgKind::barrier, MsgKind::frag};
+                               MsgKind::rts_iovec, MsgKind::fin, MsgKind::barrier, MsgKind::frag,
+                               MsgKind::atomic, MsgKind::atomic_reply};
   std::uint8_t highest = 0;
   for (MsgKind k : kinds) {
     const auto v = static_cast<std::uint8_t>(k);
