@@ -40,6 +40,7 @@
 #endif
 
 #include "bench_util.hpp"
+#include "atomic_bench.hpp"
 #include "coll_bench.hpp"
 #include "ferry/ferry.hpp"
 
@@ -1217,6 +1218,11 @@ int main(int argc, char** argv) {
       "coll", "one collective on the whole job's team, back to back; prints the median time per operation");
   bench::add_coll_options(coll, coll_args);
 
+  bench::AtomicBenchArgs atomic_args;
+  CLI::App* atomic = app.add_subcommand(
+      "atomic", "remote atomics from rank 0 on rank 1's memory: the median latency and rate");
+  bench::add_atomic_options(atomic, atomic_args);
+
   // Under a launcher every rank parses the same command line; one report of a mistake is enough.
   const char* env_rank = std::getenv("PMI_RANK");
   const bool quiet = env_rank != nullptr && std::strcmp(env_rank, "0") != 0;
@@ -1227,6 +1233,7 @@ int main(int argc, char** argv) {
     if (msgrate->parsed()) return run_msgrate(mr, threads, devices, lock_model, yield_mode, huge_pages);
     if (contention->parsed()) return run_contention(ct, threads, lock_model, yield_mode);
     if (coll->parsed()) return bench::run_coll(coll_args);
+    if (atomic->parsed()) return bench::run_atomic(atomic_args);
     if (cq->parsed()) {
       ferry::QueueKind kind = ferry::QueueKind::default_kind;
       for (const ferry::QueueKind k :

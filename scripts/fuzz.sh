@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 seconds=60 runs="" out=""
 # FERRY_FUZZ_BUILD_DIR: another build directory, for a second run beside one in progress.
 bdir=${FERRY_FUZZ_BUILD_DIR:-build-fuzz}
-targets=(wire notify heartbeat parcel_header mpi_header pmi_server pmi_reply coll_header)
+targets=(wire notify heartbeat parcel_header mpi_header pmi_server pmi_reply coll_header atomic_request)
 while (($#)); do
   case "$1" in
     --seconds) seconds=${2:?--seconds takes a number}; shift 2 ;;
@@ -23,7 +23,7 @@ while (($#)); do
   esac
 done
 for t in "${targets[@]}"; do
-  [ -f "tests/fuzz/${t}_fuzz.cpp" ] || { echo "fuzz.sh: --targets: '$t' is not a target; valid: wire, notify, heartbeat, parcel_header, mpi_header, pmi_server, pmi_reply, coll_header" >&2; exit 2; }
+  [ -f "tests/fuzz/${t}_fuzz.cpp" ] || { echo "fuzz.sh: --targets: '$t' is not a target; valid: wire, notify, heartbeat, parcel_header, mpi_header, pmi_server, pmi_reply, coll_header, atomic_request" >&2; exit 2; }
 done
 scripts/deps.sh
 # Line tables only (-g1), as in scripts/test.sh: crash stacks name file and line.

@@ -228,6 +228,12 @@ struct Action {
   std::string name;
 };
 
+// A 64-bit counter on every rank, made together (Runtime::counter): each rank's is reached by
+// Runtime::fetch_add and compare_swap. A handle: copy it freely.
+struct Counter {
+  std::uint32_t id = 0;  // 0: no counter
+};
+
 // Memory that every rank exposes together (Runtime::expose) and the others read with
 // Runtime::get. A handle: copy it freely; the parts stay exposed until the runtime ends.
 struct Window {
@@ -346,6 +352,84 @@ class Runtime {
   // True when get() is one-sided (Parcelport::has_get).
   bool has_one_sided_get() const noexcept;
 
+  // ---- collectives (over any parcelport) --------------------------------------------------
+  // Every rank calls each collective, in the same order (the k-th collective called on every
+  // rank is one operation), from any thread; each returns at once with a future that becomes
+  // ready when this rank's part is done, helped along by the runtime's progress (get() helps
+  // while it waits; then() runs a task after). Many may be in flight. T is trivially
+  // copyable. They travel as parcels on a binomial tree rooted at rank 0 (broadcast: at its
+  // root): about 2 log2(n) parcels on the longest path. A rank's failure, before or during
+  // one, makes every unfinished collective's future hold ferry::PeerFailed naming it.
+  //
+  // Every rank's value, by rank.
+  template <class T>
+  Future<std::vector<T>> all_gather(const T& value) {
+    static_assert(std::is_trivially_copyable_v<T>, "all_gather: T must be trivially copyable");
+    auto state = std::make_shared<typename Future<std::vector<T>>::State>();
+    start_collective(
+        0, 0, bytes_of(value),
+        [state](std::vector<std::vector<std::byte>>&& parts) {
+          state->value.resize(parts.size());
+          for (std::size_t i = 0; i < parts.size(); ++i) std::memcpy(&state->value[i], parts[i].data(), sizeof(T));
+          state->set_ready();
+        },
+        fail_into(state), sizeof(T));
+    return Future<std::vector<T>>(this, std::move(state));
+  }
+  // op(op(...op(v0, v1)..., v_{n-1}): every rank's value combined in rank order (so the
+  // result is the same on every rank, floating point included). `op` must be a callable
+  // T(T, T) that every rank passes alike (std::plus<>{}, a lambda).
+  template <class T, class Op>
+  Future<T> all_reduce(const T& value, Op op) {
+    static_assert(std::is_trivially_copyable_v<T>, "all_reduce: T must be trivially copyable");
+    auto state = std::make_shared<typename Future<T>::State>();
+    start_collective(
+        0, 0, bytes_of(value),
+        [state, op](std::vector<std::vector<std::byte>>&& parts) mutable {
+          T acc;
+          std::memcpy(&acc, parts[0].data(), sizeof(T));
+          for (std::size_t i = 1; i < parts.size(); ++i) {
+            T v;
+            std::memcpy(&v, parts[i].data(), sizeof(T));
+            acc = op(acc, v);
+          }
+          state->value = acc;
+          state->set_ready();
+        },
+        fail_into(state), sizeof(T));
+    return Future<T>(this, std::move(state));
+  }
+  // `root`'s value on every rank (the others' `value` is not read).
+  template <class T>
+  Future<T> broadcast(int root, const T& value) {
+    static_assert(std::is_trivially_copyable_v<T>, "broadcast: T must be trivially copyable");
+    auto state = std::make_shared<typename Future<T>::State>();
+    start_collective(
+        1, root, bytes_of(value),
+        [state](std::vector<std::vector<std::byte>>&& parts) {
+          std::memcpy(&state->value, parts[0].data(), sizeof(T));
+          state->set_ready();
+        },
+        fail_into(state), sizeof(T));
+    return Future<T>(this, std::move(state));
+  }
+  // Ready once every rank has called it.
+  Future<void> barrier();
+
+  // ---- remote atomic counters -----------------------------------------------------------
+  // Collective: a counter on every rank, starting at `initial`; returns once every rank has
+  // made it (so any rank may use it at once).
+  Counter counter(std::int64_t initial = 0);
+  // Adds `value` to `rank`'s counter `c`; the future holds the value before. Atomic with every
+  // other fetch_add and compare_swap on that counter, from any rank: the owner performs it
+  // with one CPU atomic (at once for this rank's own). ferry::PeerFailed when `rank` fails
+  // first; ferry::Error for a counter this runtime did not make or a rank out of range.
+  Future<std::int64_t> fetch_add(int rank, Counter c, std::int64_t value);
+  // Sets `rank`'s counter to `desired` if it holds `expected`; the future holds the value found.
+  Future<std::int64_t> compare_swap(int rank, Counter c, std::int64_t expected, std::int64_t desired);
+  // This rank's counter `c` now.
+  std::int64_t value(Counter c) const;
+
   // Runs one task or one round of background work from the calling thread; true if it did
   // something. What Future::get and finalize use to help while they wait.
   bool help();
@@ -396,6 +480,25 @@ class Runtime {
     });
     return {id, name};
   }
+
+  template <class T>
+  static std::vector<std::byte> bytes_of(const T& v) {
+    std::vector<std::byte> b(sizeof(T));
+    std::memcpy(b.data(), &v, sizeof(T));
+    return b;
+  }
+  template <class S>
+  static std::function<void(std::exception_ptr)> fail_into(const std::shared_ptr<S>& state) {
+    return [state](std::exception_ptr e) {
+      state->error = std::move(e);
+      state->set_ready();
+    };
+  }
+  // kind 0: gather every rank's bytes (to rank 0, then back down); 1: broadcast root's.
+  // `done` gets the parts by rank (broadcast: root's alone), each `part_size` bytes.
+  void start_collective(int kind, int root, std::vector<std::byte> mine,
+                        std::function<void(std::vector<std::vector<std::byte>>&&)> done,
+                        std::function<void(std::exception_ptr)> failed, std::size_t part_size);
 
   void register_invoker(std::uint64_t id, const std::string& name, detail::Invoker invoker);
   std::uint64_t register_pending(int rank, std::shared_ptr<void> keep, std::function<void(detail::Reader&)> on_reply,

@@ -43,6 +43,9 @@ struct RemoteKey {
   std::uint64_t key = 0;    // the provider's key
   std::int32_t rank = -1;   // the owner
   std::int32_t device = 0;  // the device the region was registered on
+  // A region ferry allocated (Device::allocate_memory): how peers on the owner's host map it
+  // (0 for a registered one).
+  std::uint64_t shared = 0;
 };
 
 class MemoryRegion {
@@ -222,11 +225,14 @@ class Device {
   [[nodiscard]] Status post_recv(const RecvArgs& args);
   [[nodiscard]] Status post_put(const PutArgs& args);
   [[nodiscard]] Status post_get(const GetArgs& args);
-  // A remote atomic (AtomicArgs): done when the region is this rank's (performed, `result`
-  // written, nothing signalled); posted, then `local` signalled once with OpKind::atomic, the
-  // rank, size_of(type) and `context` (error 0, or peer_failed_error when the owner failed
-  // first: then `result` is not written and the atomic may or may not have been performed);
-  // retry when the device is short of packets or credits; failed when the owner had failed.
+  // A remote atomic (AtomicArgs): done when it was performed in the post (`result` written,
+  // nothing signalled): the region is this rank's, or one a peer on this host allocated
+  // (allocate_memory) and this process maps; posted, when the request went to the owner, whose
+  // progress performs it: then `local` is signalled once with OpKind::atomic, the rank,
+  // size_of(type) and `context`, and error 0, -EFAULT (the owner has no such region: it was
+  // freed) or peer_failed_error (the owner failed first: `result` is not written and the
+  // atomic may or may not have been performed); retry when the device is short of packets or
+  // credits; failed when the owner had failed.
   // Throws ferry::Error naming the argument for an operation the type does not take, an
   // offset out of the region or not aligned, or a key of another rank or device.
   [[nodiscard]] Status post_atomic(const AtomicArgs& args);
@@ -236,6 +242,12 @@ class Device {
 
   // Registers [data, data+size) for RMA through this device.
   MemoryRegion register_memory(void* data, std::size_t size);
+  // Allocates `size` bytes (zeroed, page-aligned) for RMA and atomics and registers them like
+  // register_memory; freed when the region goes (MemoryRegion::data is the memory). Peers on
+  // this rank's host map them: their atomics on it are CPU atomics performed in the post
+  // (`done`, no message), on every transport. Throws ferry::Error naming the size when the
+  // system refuses the memory.
+  MemoryRegion allocate_memory(std::size_t size);
 
   int index() const noexcept;
   DeviceStats stats() const noexcept;

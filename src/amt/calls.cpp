@@ -199,6 +199,7 @@ void Runtime::Impl::peer_failed(int r) {
   // needs nothing else from here; the pending table's mutex orders the two sweeps.
   failed_[static_cast<std::size_t>(r)].store(true, std::memory_order_release);
   fail_calls(r);
+  fail_collectives(r);
 }
 void Runtime::Impl::send_failed(int destination, int) {
   errors_.fetch_add(1, std::memory_order_relaxed);

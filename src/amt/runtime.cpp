@@ -71,7 +71,32 @@ Runtime::Runtime(Options options) : impl_(std::make_unique<Impl>(*this, std::mov
   register_invoker(Impl::get_action(), "ferry.amt.get", [](Runtime& rt, int source, detail::Reader& r, std::uint64_t reply_to) {
     rt.impl_->on_get_request(source, r, reply_to);
   });
+  register_invoker(Impl::coll_up_action(), "ferry.amt.coll_up",
+                   [](Runtime& rt, int source, detail::Reader& r, std::uint64_t) { rt.impl_->on_coll_up(source, r); });
+  register_invoker(Impl::coll_down_action(), "ferry.amt.coll_down",
+                   [](Runtime& rt, int source, detail::Reader& r, std::uint64_t) { rt.impl_->on_coll_down(source, r); });
+  register_invoker(Impl::counter_action(), "ferry.amt.counter",
+                   [](Runtime& rt, int source, detail::Reader& r, std::uint64_t reply_to) {
+                     rt.impl_->on_counter_request(source, r, reply_to);
+                   });
 }
+void Runtime::start_collective(int kind, int root, std::vector<std::byte> mine,
+                               std::function<void(std::vector<std::vector<std::byte>>&&)> done,
+                               std::function<void(std::exception_ptr)> failed, std::size_t part_size) {
+  impl_->start_collective(kind, root, std::move(mine), std::move(done), std::move(failed), part_size);
+}
+Future<void> Runtime::barrier() {
+  auto state = std::make_shared<Future<void>::State>();
+  start_collective(
+      0, 0, {}, [state](std::vector<std::vector<std::byte>>&&) { state->set_ready(); }, fail_into(state), 0);
+  return Future<void>(this, std::move(state));
+}
+Counter Runtime::counter(std::int64_t initial) { return impl_->counter(initial); }
+Future<std::int64_t> Runtime::fetch_add(int rank, Counter c, std::int64_t value) { return impl_->counter_op(rank, c, 0, value, 0); }
+Future<std::int64_t> Runtime::compare_swap(int rank, Counter c, std::int64_t expected, std::int64_t desired) {
+  return impl_->counter_op(rank, c, 1, expected, desired);
+}
+std::int64_t Runtime::value(Counter c) const { return impl_->counter_value(c); }
 Window Runtime::expose(void* data, std::size_t size) { return impl_->expose(data, size); }
 Future<void> Runtime::get(int rank, Window w, std::size_t offset, void* dst, std::size_t size) {
   return impl_->get(rank, w, offset, dst, size);

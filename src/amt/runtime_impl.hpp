@@ -9,6 +9,7 @@
 //   calls.cpp        incoming parcels, actions, calls and replies, sends, peer failure
 //   termination.cpp  finalize's termination waves
 //   windows.cpp      windows: expose and get
+//   collectives.cpp  collectives on a binomial tree of parcels, and the remote counters
 #pragma once
 
 #include <atomic>
@@ -205,6 +206,42 @@ class Runtime::Impl final : public parcel::Upcalls {
   static std::uint64_t window_part_action() noexcept;
   static std::uint64_t get_action() noexcept;
 
+  // ---- collectives and counters -------------------------------------------------------------
+  // One collective, by its number (the k-th called on every rank is one operation): made by
+  // this rank's call or by the first parcel for it, whichever comes first; erased once done.
+  struct Collective {
+    int kind = -1;  // 0 gather, 1 broadcast
+    int root = 0;
+    bool started = false;  // this rank called it
+    bool sent_up = false;  // gather: this rank's subtree's parts went to its parent
+    int ups = 0;           // gather: children whose parts came
+    std::size_t part_size = 0;
+    std::vector<std::vector<std::byte>> parts;  // gather: by rank, as known so far
+    std::vector<bool> have;
+    bool down_arrived = false;  // the result came down (a broadcast may before this rank's call)
+    std::vector<std::vector<std::byte>> result;
+    std::function<void(std::vector<std::vector<std::byte>>&&)> done;
+    std::function<void(std::exception_ptr)> failed;
+  };
+  void start_collective(int kind, int root, std::vector<std::byte> mine,
+                        std::function<void(std::vector<std::vector<std::byte>>&&)> done,
+                        std::function<void(std::exception_ptr)> failed, std::size_t part_size);
+  void on_coll_up(int source, detail::Reader& r);
+  void on_coll_down(int source, detail::Reader& r);
+  // Under coll_mutex_: what a collective's state now allows (parts up, the result down, its
+  // end), appended to `then` to run once the mutex is released.
+  void advance(std::uint64_t seq, Collective& c, std::vector<std::function<void()>>& then);
+  void send_coll(int dest, std::uint64_t action, std::uint64_t seq, const Collective& c,
+                 const std::vector<std::vector<std::byte>>& parts, const std::vector<bool>* which);
+  void fail_collectives(int r);
+  Counter counter(std::int64_t initial);
+  Future<std::int64_t> counter_op(int rank, Counter c, std::uint8_t op, std::int64_t a, std::int64_t b);
+  void on_counter_request(int source, detail::Reader& r, std::uint64_t reply_to);
+  std::int64_t counter_value(Counter c);
+  static std::uint64_t coll_up_action() noexcept;
+  static std::uint64_t coll_down_action() noexcept;
+  static std::uint64_t counter_action() noexcept;
+
   int rank() const noexcept { return parcelport_->rank(); }
   int size() const noexcept { return parcelport_->size(); }
 
@@ -259,6 +296,12 @@ class Runtime::Impl final : public parcel::Upcalls {
   std::mutex windows_mutex_;
   std::unordered_map<std::uint32_t, WindowState> windows_;
   std::uint32_t next_window_ = 1;
+
+  std::mutex coll_mutex_;
+  std::unordered_map<std::uint64_t, Collective> colls_;  // under coll_mutex_
+  std::uint64_t next_coll_ = 1;                         // under coll_mutex_
+  std::mutex counters_mutex_;
+  std::deque<std::atomic<std::int64_t>> counters_;  // counter id i + 1; a deque never moves them
 };
 
 }  // namespace ferry::amt

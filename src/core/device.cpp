@@ -20,7 +20,9 @@ DeviceImpl::DeviceImpl(const DeviceParts& parts, int index, const Config& config
       fragments_(*this),
       rendezvous_(*this),
       rma_(*this),
-      atomics_(*this, regions_) {
+      atomics_(*this, regions_),
+      mappings_(parts.size),
+      host_of_(parts.host_of) {
   spare_target_ = static_cast<int>(std::min<std::size_t>(config.prepost, kPollBatch));
   for (Link& l : links_) {
     if (l.transport->caps().delivers_inline) l.transport->set_inline_sink(net::InlineSink{&DeviceImpl::on_inline, this, &l});

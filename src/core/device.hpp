@@ -47,6 +47,7 @@
 #include "core/protocols/fragments.hpp"
 #include "core/protocols/rendezvous.hpp"
 #include "core/protocols/atomics.hpp"
+#include "core/shared_memory.hpp"
 #include "core/protocols/rma.hpp"
 #include "core/recv_blocks.hpp"
 #include "core/wire.hpp"
@@ -61,6 +62,7 @@ struct RegionImpl {
   std::size_t size = 0;
   std::uint64_t key = 0;  // the key peers name it by (the network transport's; shared memory needs none)
   std::vector<std::pair<net::Transport*, net::Registration*>> registrations;  // one per transport
+  SharedBlock block;  // allocate_memory's memory (else empty), freed after the deregistrations
   ~RegionImpl();
 };
 
@@ -88,6 +90,7 @@ class DeviceImpl : public DeviceContext {
   Status post_atomic(const AtomicArgs& a);
   bool progress();
   MemoryRegion register_memory(void* data, std::size_t size);
+  MemoryRegion allocate_memory(std::size_t size);
   // ~RegionImpl: the region leaves the set atomics may touch before it is deregistered.
   void forget_region(const RegionImpl& r) noexcept { regions_.remove(r.data, r.size, r.key); }
 
@@ -163,6 +166,8 @@ class DeviceImpl : public DeviceContext {
   std::uint64_t check(const PutArgs& a) const;
   void check(const GetArgs& a) const;
   void check(const AtomicArgs& a) const;
+  // register_memory's and allocate_memory's registration of r's memory with every transport.
+  MemoryRegion register_region(std::unique_ptr<RegionImpl> r);
   void check_alive(const char* call) const;
   void check_rank(const char* call, int rank) const;
   void check_target(const char* call, std::uint16_t id) const;
@@ -239,6 +244,9 @@ class DeviceImpl : public DeviceContext {
   // Every region registered on this device, for the owner's check of an atomic's request.
   RegionSet regions_;
   Atomics atomics_;
+  // The allocated regions of peers on this host this device mapped (their atomics' direct path).
+  PeerMappings mappings_;
+  const std::vector<std::uint32_t>& host_of_;  // the runtime's: by rank, the lowest rank on its host
   std::atomic<bool> finalized_{false};
   // Owned by the poll lock holder.
   std::uint32_t progress_calls_ = 0;

@@ -40,6 +40,7 @@ struct DeviceParts {
   TargetTable& targets;    // remote targets: delivery of active messages and notifications
   PeerFailures& failures;  // failed peers: recorded, checked, acted on by progress
   Barrier& barrier;        // barrier steps that arrive
+  const std::vector<std::uint32_t>& host_of;  // by rank, the lowest rank on its host
 };
 
 inline constexpr std::size_t kHeader = sizeof(WireHeader);

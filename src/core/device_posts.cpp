@@ -314,9 +314,25 @@ MemoryRegion DeviceImpl::register_memory(void* data, std::size_t size) {
   check_buffer("register_memory", "data", data, size);
   if (size == 0) throw Error("register_memory: size=0; a region needs at least one byte");
   auto r = std::make_unique<RegionImpl>();
-  r->device = this;
   r->data = data;
   r->size = size;
+  return register_region(std::move(r));
+}
+
+MemoryRegion DeviceImpl::allocate_memory(std::size_t size) {
+  check_alive("allocate_memory");
+  if (size == 0) throw Error("allocate_memory: size=0; a region needs at least one byte");
+  auto r = std::make_unique<RegionImpl>();
+  r->block = allocate_shared(size, rank_);
+  r->data = r->block.data;
+  r->size = size;
+  return register_region(std::move(r));
+}
+
+MemoryRegion DeviceImpl::register_region(std::unique_ptr<RegionImpl> r) {
+  void* const data = r->data;
+  const std::size_t size = r->size;
+  r->device = this;
   const net::Access access = net::Access::send | net::Access::recv | net::Access::remote_read | net::Access::remote_write;
   for (Link& l : links_) {
     r->registrations.emplace_back(l.transport, l.transport->register_memory(data, size, access));
@@ -339,6 +355,13 @@ Status DeviceImpl::post_atomic(const AtomicArgs& a) {
     return Status::make_done();
   }
   if (__builtin_expect(peer_down(a.rank), 0)) return Status::make_failed(a.rank);
+  // A peer's allocated region on this host: a CPU atomic on this process's mapping of it.
+  if (a.remote.shared != 0 && host_of_[static_cast<std::size_t>(a.rank)] == host_of_[static_cast<std::size_t>(rank_)]) {
+    if (unsigned char* at = mappings_.find(a.remote)) {
+      atomics_.perform_at(at + a.offset, a);
+      return Status::make_done();
+    }
+  }
   if (!fragments_.clear()) return Status::make_retry(RetryReason::transport);
   return atomics_.post(a);
 }
@@ -346,6 +369,7 @@ Status DeviceImpl::post_atomic(const AtomicArgs& a) {
 RegionImpl::~RegionImpl() {
   if (device != nullptr) device->forget_region(*this);
   for (auto& [transport, registration] : registrations) transport->deregister(registration);
+  free_shared(block);
 }
 
 }  // namespace ferry::detail

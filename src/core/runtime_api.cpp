@@ -114,6 +114,7 @@ bool Device::progress() {
   return impl_->progress();
 }
 MemoryRegion Device::register_memory(void* data, std::size_t size) { return impl_->register_memory(data, size); }
+MemoryRegion Device::allocate_memory(std::size_t size) { return impl_->allocate_memory(size); }
 int Device::index() const noexcept { return impl_->index(); }
 DeviceStats Device::stats() const noexcept {
   DeviceStats s = lock_model_ != nullptr ? lock_model_->stats() : DeviceStats{};
@@ -141,6 +142,7 @@ RemoteKey MemoryRegion::remote_key() const {
   k.key = impl_->key;
   k.rank = impl_->device->rank();
   k.device = impl_->device->index();
+  k.shared = impl_->block.shared;
   return k;
 }
 

@@ -61,7 +61,7 @@ class RuntimeImpl final : private BarrierDevices {
   // By rank, the lowest rank on its host: ranks with one value share a host (a "host" Team).
   const std::vector<std::uint32_t>& host_of() const noexcept { return host_of_; }
   // What a device built on this runtime uses of it.
-  DeviceParts device_parts() noexcept { return DeviceParts{rank_, size_, *targets_, *failures_, *barrier_}; }
+  DeviceParts device_parts() noexcept { return DeviceParts{rank_, size_, *targets_, *failures_, *barrier_, host_of_}; }
 
  private:
   // BarrierDevices: the barrier's own traffic on device 0, and progress on every device,

@@ -1,8 +1,14 @@
 // The AMT runtime across ranks, for one parcelport (FERRY_PARCELPORT or --parcelport):
 // async / future, nested asyncs, every argument kind (zero-copy included), windows and gets,
-// termination with work in flight, and bad input. Exit 0 when every check passed on this rank.
+// collectives (all_gather, all_reduce, broadcast from every root, barrier; 33 in flight; a
+// continuation), remote counters (fetch_add from tasks of every rank: the fetched values
+// exact; compare_swap: one winner), termination with work in flight, and bad input. Exit 0 when every check passed on this rank.
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdio>
+#include <functional>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -199,6 +205,90 @@ int main(int argc, char** argv) {
   }
   while (continued.load() < 3 * n) rt.help();
   CHECK(continued_ok.load() == 3 * n, "%d of %d continuations saw their value", continued_ok.load(), 3 * n);
+
+  // Collectives: every kind, with many in flight, against the values each rank knows.
+  {
+    const std::vector<int> all = rt.all_gather(me * 10 + 1).get();
+    CHECK(all.size() == static_cast<std::size_t>(n), "all_gather gave %zu values", all.size());
+    for (int r = 0; r < n && r < static_cast<int>(all.size()); ++r) {
+      CHECK(all[static_cast<std::size_t>(r)] == r * 10 + 1, "all_gather[%d] = %d", r, all[static_cast<std::size_t>(r)]);
+    }
+    const double sum = rt.all_reduce(me + 0.5, std::plus<>{}).get();
+    CHECK(sum == n * (n - 1) / 2.0 + 0.5 * n, "all_reduce sum = %g", sum);
+    const std::uint64_t highest = rt.all_reduce(static_cast<std::uint64_t>(me), [](std::uint64_t x, std::uint64_t y) { return std::max(x, y); }).get();
+    CHECK(highest == static_cast<std::uint64_t>(n - 1), "all_reduce max = %llu", static_cast<unsigned long long>(highest));
+    for (int root = 0; root < n; ++root) {
+      const long got = rt.broadcast(root, me == root ? root * 100L + 7 : -1L).get();
+      CHECK(got == root * 100L + 7, "broadcast from %d gave %ld", root, got);
+    }
+    rt.barrier().get();
+    std::vector<ferry::amt::Future<std::int64_t>> inflight;
+    for (int i = 0; i < 32; ++i) inflight.push_back(rt.all_reduce(static_cast<std::int64_t>(i) * (me + 1), std::plus<>{}));
+    auto late = rt.broadcast(n - 1, static_cast<int>(me == n - 1 ? 4242 : 0));
+    for (int i = 0; i < 32; ++i) {
+      const std::int64_t v = inflight[static_cast<std::size_t>(i)].get();
+      CHECK(v == static_cast<std::int64_t>(i) * n * (n + 1) / 2, "in-flight all_reduce %d = %lld", i, static_cast<long long>(v));
+    }
+    CHECK(late.get() == 4242, "the broadcast behind 32 all_reduces");
+    // A continuation waits for a collective without blocking a worker.
+    std::atomic<int> seen{0};
+    auto f = rt.all_reduce(1, std::plus<>{});
+    f.then([&seen, n](ferry::amt::Future<int> g) { seen.store(g.get() == n ? 1 : 2); });
+    while (seen.load() == 0) rt.help();
+    CHECK(seen.load() == 1, "the continuation saw a wrong all_reduce");
+  }
+
+  // Remote counters: tasks of every rank fetch-add rank 0's counter; the fetched values are
+  // exactly 0 .. total-1 (a bitmap of them, OR-reduced, and each rank's count, summed).
+  {
+    constexpr int kTasks = 3, kEach = 50;
+    const ferry::amt::Counter c = rt.counter();
+    using Bits = std::array<std::uint64_t, 64>;  // up to 4096 values
+    Bits bits{};
+    std::mutex bits_mutex;
+    std::atomic<int> duplicates{0}, tasks_done{0};
+    for (int t = 0; t < kTasks; ++t) {
+      rt.spawn([&] {
+        for (int i = 0; i < kEach; ++i) {
+          const std::int64_t v = rt.fetch_add(0, c, 1).get();
+          std::lock_guard<std::mutex> g(bits_mutex);
+          if (v < 0 || v >= 4096 || (bits[static_cast<std::size_t>(v / 64)] >> (v % 64) & 1) != 0) {
+            duplicates.fetch_add(1);
+          } else {
+            bits[static_cast<std::size_t>(v / 64)] |= std::uint64_t{1} << (v % 64);
+          }
+        }
+        tasks_done.fetch_add(1);
+      });
+    }
+    while (tasks_done.load() < kTasks) rt.help();
+    CHECK(duplicates.load() == 0, "%d fetched values were out of range or seen twice here", duplicates.load());
+    const Bits all_bits = rt.all_reduce(bits, [](Bits x, const Bits& y) {
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] |= y[i];
+      return x;
+    }).get();
+    int ones = 0;
+    for (std::uint64_t w : all_bits) ones += __builtin_popcountll(w);
+    const int total = n * kTasks * kEach;
+    CHECK(ones == total, "the fetched values cover %d of 0..%d", ones, total - 1);
+    CHECK((all_bits[static_cast<std::size_t>((total - 1) / 64)] >> ((total - 1) % 64) & 1) != 0, "the last value was fetched");
+    rt.barrier().get();
+    if (me == 0) CHECK(rt.value(c) == total, "rank 0's counter holds %lld", static_cast<long long>(rt.value(c)));
+    // compare_swap: of all ranks swapping 0 for their id, exactly one finds 0.
+    const ferry::amt::Counter lock = rt.counter();
+    const std::int64_t found = rt.compare_swap(0, lock, 0, me + 1).get();
+    const int winners = rt.all_reduce(found == 0 ? 1 : 0, std::plus<>{}).get();
+    CHECK(winners == 1, "%d ranks won the compare_swap", winners);
+    const std::int64_t winner = rt.broadcast(0, rt.value(lock)).get();
+    CHECK(found == 0 ? winner == me + 1 : found == winner, "found %lld, the winner is %lld", static_cast<long long>(found),
+          static_cast<long long>(winner));
+    const std::string bad_rank = error_of([&] { (void)rt.fetch_add(n, c, 1); });
+    CHECK(bad_rank.find("fetch_add: rank=" + std::to_string(n) + " is out of range") != std::string::npos, "message: %s", bad_rank.c_str());
+    const std::string bad_counter = error_of([&] { (void)rt.fetch_add(0, ferry::amt::Counter{99}, 1); });
+    CHECK(bad_counter.find("fetch_add: counter 99 was not made here") != std::string::npos, "message: %s", bad_counter.c_str());
+    const std::string bad_root = error_of([&] { (void)rt.broadcast(n, 1); });
+    CHECK(bad_root.find("broadcast: root=" + std::to_string(n)) != std::string::npos, "message: %s", bad_root.c_str());
+  }
 
   // Bad input: clear errors, nothing crashes.
   try {

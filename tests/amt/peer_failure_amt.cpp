@@ -2,14 +2,17 @@
 // SIGKILLs itself while the survivors keep calls to it in flight (futures of an echo action
 // with 100 KB zero-copy arguments and replies). Every survivor must then see each future
 // either hold its intact value or throw ferry::PeerFailed naming the victim; a new call to the
-// victim must throw the same; calls among survivors must keep returning intact values; and
-// finalize must throw ferry::PeerFailed naming the victim.
+// victim must throw the same; a collective in flight that the victim never joined, a barrier
+// and an atomic on its counter after the failure must throw it too; calls and atomics among
+// survivors must keep returning intact values; and finalize must throw ferry::PeerFailed
+// naming the victim.
 //
 // Usage (under ferryrun --keep-going): ferry-amt-peer-failure
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -70,6 +73,10 @@ int main() {
     }
   }
 
+  // A counter on every rank, and a collective every rank takes part in.
+  const ferry::amt::Counter counter = rt.counter();
+  if (rt.all_reduce(1, std::plus<>{}).get() != n) fail("the all_reduce before the failure");
+
   if (me == victim) {
     // Die once every survivor is past its calls before the failure and calls to it are under
     // way: "ready" from each, then 8 more calls.
@@ -87,6 +94,9 @@ int main() {
 
   // Survivors: windows of calls to the victim until one fails with its failure.
   rt.async(victim, ready);
+  // A collective the victim never joins, and an atomic on its counter: the failure ends both.
+  auto never = rt.all_reduce(1, std::plus<>{});
+  auto atomic = rt.fetch_add(victim, counter, 1);
   long ok = 0, failed = 0;
   const auto start = Clock::now();
   for (int window = 0; failed == 0; ++window) {
@@ -113,6 +123,21 @@ int main() {
   } catch (const ferry::PeerFailed& e) {
     if (e.rank() != victim) fail(std::string("the late call named the wrong rank: ") + e.what());
   }
+
+  const auto names_victim = [&](auto&& get, const char* what) {
+    try {
+      (void)get();
+      return false;
+    } catch (const ferry::PeerFailed& e) {
+      if (e.rank() != victim) fail(std::string(what) + " named the wrong rank: " + e.what());
+      return true;
+    }
+  };
+  if (!names_victim([&] { return never.get(); }, "the collective in flight")) fail("a collective without the victim completed");
+  (void)names_victim([&] { return atomic.get(); }, "the atomic in flight");  // it may have been answered first
+  if (!names_victim([&] { rt.barrier().get(); return 0; }, "a barrier after the failure")) fail("a barrier after the failure completed");
+  if (!names_victim([&] { return rt.fetch_add(victim, counter, 1).get(); }, "a late atomic")) fail("an atomic on the victim completed");
+  if (rt.fetch_add(0, counter, 1).get() < 0) fail("an atomic among the survivors");
 
   // Survivors among themselves.
   int others = 0;

@@ -4,13 +4,16 @@ well-formed scripts of every message kind of ferry's core wire format (src/core/
 frame as [u16 little-endian length][bytes]; for parcel_header_fuzz, well-formed parcel headers;
 for mpi_header_fuzz, well-formed MPI parcelport headers, aggregates among them; for notify_fuzz,
 put notifications as a transport reports them; for heartbeat_fuzz, keepalive heartbeats, each
-frame as [u8 length][bytes]; for coll_header_fuzz, collectives' messages after their sender's rank.
+frame as [u8 length][bytes]; for coll_header_fuzz, collectives' messages after their sender's rank;
+for atomic_request_fuzz, atomics' requests around a region.
 The fuzzers mutate them; the replay tests run them as they are."""
 import os
 import struct
 import sys
 
-AM, MSG, RTS_AM, RTS_MSG, RTS_IOVEC, FIN, BARRIER, FRAG = range(1, 9)
+AM, MSG, RTS_AM, RTS_MSG, RTS_IOVEC, FIN, BARRIER, FRAG, ATOMIC, ATOMIC_REPLY = range(1, 11)
+U32, U64, F64 = 5, 7, 9  # DataType
+FETCH_ADD, ADD, SWAP, CSWAP, FETCH_AND, FETCH_OR, FETCH_XOR = range(7)  # AtomicOp
 
 
 def header(kind, target=0, src=0, tag=0, aux=0, reserved=0):
@@ -47,6 +50,11 @@ seeds = {
                   + struct.pack("<QQQ", 4096, 0x20000, 0) + struct.pack("<QQQ", 0, 0, 0)],
     "fin": [header(FIN) + struct.pack("<Q", 0)],
     "barrier": [header(BARRIER, tag=(1 << 8) | 2)],
+    # An atomic's request (AtomicBody: addr, key, operand, compare, id) names no region of the
+    # harness's device: answered -EFAULT. A reply (id, value, error) names no atomic of it.
+    "atomic_request": [header(ATOMIC, U64, reserved=FETCH_ADD) + struct.pack("<QQQQQ", 0x10000, 0, 1, 0, 5)],
+    "atomic_request_f64_swap": [header(ATOMIC, F64, reserved=SWAP) + struct.pack("<QQQQQ", 0x10000, 0, 1, 0, 6)],
+    "atomic_reply": [header(ATOMIC_REPLY) + struct.pack("<QQiI", 5, 42, 0, 0)],
 }
 seeds["mixed"] = [f for name in ("am_8", "frag_am_3000", "rts_msg", "msg_8", "rts_iovec", "fin") for f in seeds[name]]
 
@@ -125,9 +133,30 @@ def coll(kind, size, payload=b"", sender=1, step=0, team=1, seq=0):
     return struct.pack("<i", sender) + struct.pack("<IHHQQQ", 0x4C4F4346, step, kind, team, seq, size) + payload
 
 
-def coll_key(rank, size, base=0x10000, key=7, device=0):
-    """A RemoteKey: base, size, key, rank, device."""
-    return struct.pack("<QQQii", base, size, key, rank, device)
+def coll_key(rank, size, base=0x10000, key=7, device=0, shared=0):
+    """A RemoteKey: base, size, key, rank, device, shared."""
+    return struct.pack("<QQQiiQ", base, size, key, rank, device, shared)
+
+
+def atomic_request(op, dtype, offset, key=7, operand=1, compare=0):
+    """atomic_request_fuzz's input: the op and type bytes of the header, then an AtomicBody
+    whose address the target folds into its window (offset 64..127 is the region)."""
+    return struct.pack("<BH", op, dtype) + struct.pack("<QQQQQ", offset, key, operand, compare, 1)
+
+
+atomic_seeds = {
+    "fetch_add_u64": atomic_request(FETCH_ADD, U64, 64),
+    "cswap_u32_last": atomic_request(CSWAP, U32, 124, compare=0),
+    "cswap_no_match": atomic_request(CSWAP, U64, 72, compare=99),
+    "f64_add": atomic_request(ADD, F64, 80, operand=0x3FF8000000000000),
+    "f64_fetch_or": atomic_request(FETCH_OR, F64, 80),
+    "straddles_end": atomic_request(FETCH_XOR, U64, 124),
+    "misaligned": atomic_request(SWAP, U64, 68),
+    "outside": atomic_request(FETCH_AND, U64, 8),
+    "wrong_key": atomic_request(FETCH_ADD, U64, 64, key=8),
+    "unknown_op": atomic_request(42, U64, 64),
+    "unknown_type": atomic_request(FETCH_ADD, 300, 64),
+}
 
 
 coll_seeds = {
@@ -146,7 +175,7 @@ coll_seeds = {
 root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "corpus")
 for target, files in (("wire", {n: script(f) for n, f in seeds.items()}), ("parcel_header", parcel_seeds),
                       ("mpi_header", mpi_seeds), ("notify", notify_seeds),
-                      ("heartbeat", heartbeat_seeds), ("coll_header", coll_seeds)):
+                      ("heartbeat", heartbeat_seeds), ("coll_header", coll_seeds), ("atomic_request", atomic_seeds)):
     out = os.path.join(root, target)
     os.makedirs(out, exist_ok=True)
     for name, data in files.items():

@@ -45,13 +45,21 @@ std::vector<RemoteKey> exchange(const ferry::MemoryRegion& region) {
   return all;
 }
 
-// Memory for atomics: 64-bit aligned words.
+// Memory for atomics: n zeroed 64-bit words, registered (the application's memory) or
+// allocated by ferry (Device::allocate_memory: peers on this host map it and go direct).
 struct Words {
-  explicit Words(std::size_t n) : data(n, 0), region(rt().device(0).register_memory(data.data(), n * 8)), keys(exchange(region)) {}
-  std::vector<std::uint64_t> data;
+  Words(std::size_t n, bool allocated)
+      : storage(allocated ? 0 : n, 0),
+        region(allocated ? rt().device(0).allocate_memory(n * 8) : rt().device(0).register_memory(storage.data(), n * 8)),
+        data(static_cast<std::uint64_t*>(region.data())),
+        keys(exchange(region)) {}
+  std::vector<std::uint64_t> storage;
   ferry::MemoryRegion region;
+  std::uint64_t* data;
   std::vector<RemoteKey> keys;
 };
+
+const char* kind(bool allocated) { return allocated ? "allocated" : "registered"; }
 
 // Posts `a` (retrying), waits for its end; the completion's error (0 for done).
 int run(ferry::AtomicArgs a) {
@@ -115,9 +123,11 @@ void integer_sequence(const Words& w, int owner, std::size_t slot, DataType t) {
 // Every rank works on the word of its own rank in each target's region: the next rank's and
 // its own (a post to this rank's memory is done at once).
 TEST(Atomic, EveryOperationAndTypeAgainstAReference) {
+  for (const bool allocated : {false, true}) {
+  SCOPED_TRACE(kind(allocated));
   const int n = rt().size();
   const int me = rt().rank();
-  Words w(static_cast<std::size_t>(n) * 8);
+  Words w(static_cast<std::size_t>(n) * 8, allocated);
   rt().barrier();
   for (const int owner : {(me + 1) % n, me}) {
     const std::size_t base = static_cast<std::size_t>(me) * 8;
@@ -144,6 +154,7 @@ TEST(Atomic, EveryOperationAndTypeAgainstAReference) {
     EXPECT_EQ(std::bit_cast<double>(w.data[base + 5]), 1.25);
   }
   rt().barrier();
+  }
 }
 
 // Every thread of every rank fetch-adds rank 0's counter, each with several in flight, while
@@ -151,12 +162,14 @@ TEST(Atomic, EveryOperationAndTypeAgainstAReference) {
 // fetched values are exactly 0 .. total-1, each once.
 TEST(Atomic, EveryThreadOfEveryRankFetchAddsOneCounter) {
   MP_SKIP_IF_THREADS_SHARE_A_DEVICE();
+  for (const bool allocated : {false, true}) {
+  SCOPED_TRACE(kind(allocated));
   constexpr int kThreads = 3;
   constexpr int kEach = 300;
   constexpr int kWindow = 8;
   const int n = rt().size();
   const int me = rt().rank();
-  Words w(1);
+  Words w(1, allocated);
   rt().barrier();
   ferry::Device& dev = rt().device(0);
   std::vector<std::uint64_t> fetched(static_cast<std::size_t>(kThreads + 1) * kEach, ~0ull);
@@ -224,6 +237,7 @@ TEST(Atomic, EveryThreadOfEveryRankFetchAddsOneCounter) {
     EXPECT_EQ(w.data[0], all.size());
   }
   rt().barrier();
+  }
 }
 
 // A spin lock on rank 0 by compare-swap, taken by two threads of every rank and by a thread of
@@ -232,10 +246,12 @@ TEST(Atomic, EveryThreadOfEveryRankFetchAddsOneCounter) {
 // would be lost.
 TEST(Atomic, CompareSwapSpinLockExcludes) {
   MP_SKIP_IF_THREADS_SHARE_A_DEVICE();
+  for (const bool allocated : {false, true}) {
+  SCOPED_TRACE(kind(allocated));
   constexpr int kThreads = 2;
   constexpr int kEach = 40;
   const int me = rt().rank();
-  Words w(2);  // [0] the lock (0: free, else its holder's id), [1] the count
+  Words w(2, allocated);  // [0] the lock (0: free, else its holder's id), [1] the count
   rt().barrier();
   ferry::Device& dev = rt().device(0);
   std::atomic<int> errors{0};
@@ -277,6 +293,7 @@ TEST(Atomic, CompareSwapSpinLockExcludes) {
     EXPECT_EQ(w.data[0], 0u);
   }
   rt().barrier();
+  }
 }
 
 // An atomic on a region its owner deregistered meanwhile ends with -EFAULT (the owner checks
@@ -285,7 +302,7 @@ TEST(Atomic, DeregisteredRegionIsRefused) {
   const int n = rt().size();
   if (n < 2) GTEST_SKIP() << "needs a peer";
   const int me = rt().rank();
-  auto w = std::make_unique<Words>(1);
+  auto w = std::make_unique<Words>(1, false);
   const RemoteKey of_1 = w->keys[1];
   w->region = ferry::MemoryRegion();  // every rank deregisters its region
   rt().barrier();
@@ -295,14 +312,40 @@ TEST(Atomic, DeregisteredRegionIsRefused) {
     EXPECT_EQ(result, 7u);
   }
   rt().barrier();
-  EXPECT_EQ(w->data[0], 0u);
+  EXPECT_EQ(w->storage[0], 0u);
+  rt().barrier();
+}
+
+// An allocated region of a rank on this host is mapped: its atomics are done in the post.
+// One on another host's goes by message (posted), the hybrid job's case.
+TEST(Atomic, AllocatedRegionOnThisHostIsDoneAtOnce) {
+  Words w(1, true);
+  const Team host = team().host();
+  ferry::Device& dev = rt().device(0);
+  for (int r = 0; r < rt().size(); ++r) {
+    std::uint64_t result = ~0ull;
+    ferry::Synchronizer sync;
+    const ferry::Status st = post_retry(dev, [&] {
+      return dev.post_atomic({.rank = r, .remote = w.keys[static_cast<std::size_t>(r)], .op = AtomicOp::fetch_add, .type = DataType::u64,
+                              .operand = 1, .result = &result, .local = &sync});
+    });
+    if (host.index_of(r) >= 0) {
+      EXPECT_TRUE(st.is_done()) << "rank " << r << " shares this host: " << ferry::to_string(st.kind);
+    } else {
+      EXPECT_TRUE(st.is_posted()) << "rank " << r << " is on another host: " << ferry::to_string(st.kind);
+      ASSERT_TRUE(wait_until(dev, [&] { return sync.test(); }));
+    }
+    EXPECT_LT(result, static_cast<std::uint64_t>(rt().size()));
+  }
+  rt().barrier();
+  EXPECT_EQ(w.data[0], static_cast<std::uint64_t>(rt().size()));
   rt().barrier();
 }
 
 TEST(Atomic, BadArgumentsAreNamed) {
   const int n = rt().size();
   const int peer = (rt().rank() + 1) % n;
-  Words w(2);
+  Words w(2, false);
   ferry::Device& dev = rt().device(0);
   const auto message = [&](ferry::AtomicArgs a) {
     try {

@@ -83,6 +83,10 @@ bool Atomics::perform_local(const AtomicArgs& a) {
   return true;
 }
 
+void Atomics::perform_at(unsigned char* at, const AtomicArgs& a) noexcept {
+  write_result(a.result, static_cast<std::uint32_t>(atomic_width(a.type)), apply_atomic(at, a.op, a.type, a.operand, a.compare));
+}
+
 Status Atomics::post(const AtomicArgs& a) {
   Packet* p = dc_.pool().get();
   if (p == nullptr) return Status::make_retry(RetryReason::packet_pool);

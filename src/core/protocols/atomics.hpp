@@ -60,6 +60,8 @@ class Atomics {
   Status post(const AtomicArgs& a);
   // One to this rank's own memory: performed now; false when the location is in no region.
   bool perform_local(const AtomicArgs& a);
+  // One on a location this process maps (`at`: aligned, checked): performed now.
+  static void perform_at(unsigned char* at, const AtomicArgs& a) noexcept;
   // A request and a reply that arrived (their length checked by min_length).
   void on_request(Packet* p);
   void on_reply(Packet* p);
