@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -393,6 +394,7 @@ TEST(Coll, SplitByColourAndKeyAndTheHostTeam) {
 }
 
 TEST(Coll, ManyInFlightFromSeveralThreadsOnSeveralTeams) {
+  MP_SKIP_IF_THREADS_SHARE_A_DEVICE();
   Team& w = world();
   constexpr int kThreads = 3;
   constexpr int kInFlight = 16;
@@ -454,6 +456,34 @@ TEST(Coll, EveryDeviceHasItsWorldTeam) {
     EXPECT_EQ(sums[static_cast<std::size_t>(d)], n * (n - 1) / 2 + 10 * d * n) << "device " << d;
   }
   EXPECT_THROW((void)Team::world(rt(), devices), ferry::Error);
+  rt().barrier();
+}
+
+// Past 2 GiB (FERRY_TEST_LARGE, the mp_*_beyond_2GiB jobs): a broadcast of a pattern and an
+// allreduce (u8 sum) of 2 GiB + 4 KiB + 7 bytes on the world team.
+TEST(Large, BroadcastAndAllreduceBeyondTwoGiB) {
+  if (std::getenv("FERRY_TEST_LARGE") == nullptr) GTEST_SKIP() << "set FERRY_TEST_LARGE=1 to move > 2 GiB";
+  Team& w = world();
+  const std::size_t size = (std::size_t{1} << 31) + 4096 + 7;
+  {
+    std::vector<unsigned char> buf(size);
+    if (w.rank() == 0) fill(buf.data(), size, 0);
+    ferry::Synchronizer sync;
+    ASSERT_EQ(finish(w, w.post_broadcast({.buffer = buf.data(), .size = size, .root = 0, .local = &sync}), sync), 0);
+    EXPECT_EQ(first_mismatch(buf.data(), size, 0, size), -1) << "the broadcast's data";
+  }
+  {
+    std::vector<unsigned char> send(size, static_cast<unsigned char>(w.rank() + 1)), recv(size);
+    ferry::Synchronizer sync;
+    ASSERT_EQ(finish(w, w.post_allreduce({.send = send.data(), .recv = recv.data(), .count = size, .type = DataType::u8,
+                                          .op = ReduceOp::sum, .local = &sync}),
+                     sync),
+              0);
+    const auto want = static_cast<unsigned char>(w.size() * (w.size() + 1) / 2);
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < size; ++i) bad += recv[i] != want;
+    EXPECT_EQ(bad, 0u) << "bytes of the allreduce's result differ from " << int(want);
+  }
   rt().barrier();
 }
 
