@@ -85,9 +85,7 @@ void Runtime::Impl::start_collective(int kind, int root, std::vector<std::byte> 
           for (const int v : children_of(0, size())) {
             const int child = rank_at(v, root, size());
             then.push_back([this, child, seq, kind, root, result] {
-              Collective tmp;
-              tmp.kind = kind, tmp.root = root;
-              send_coll(child, coll_down_action(), seq, tmp, result, nullptr);
+              send_coll(child, coll_down_action(), seq, kind, root, result, nullptr);
             });
           }
         }
@@ -113,9 +111,7 @@ void Runtime::Impl::advance(std::uint64_t seq, Collective& c, std::vector<std::f
       for (const int w : children_of(0, n)) {
         const int child = rank_at(w, 0, n);
         then.push_back([this, child, seq, result] {
-          Collective tmp;
-          tmp.kind = 0;
-          send_coll(child, coll_down_action(), seq, tmp, result, nullptr);
+          send_coll(child, coll_down_action(), seq, 0, 0, result, nullptr);
         });
       }
     } else {
@@ -123,9 +119,7 @@ void Runtime::Impl::advance(std::uint64_t seq, Collective& c, std::vector<std::f
       auto parts = std::move(c.parts);
       auto have = std::move(c.have);
       then.push_back([this, parent, seq, parts = std::move(parts), have = std::move(have)] {
-        Collective tmp;
-        tmp.kind = 0;
-        send_coll(parent, coll_up_action(), seq, tmp, parts, &have);
+        send_coll(parent, coll_up_action(), seq, 0, 0, parts, &have);
       });
     }
   }
@@ -150,19 +144,19 @@ void Runtime::Impl::advance(std::uint64_t seq, Collective& c, std::vector<std::f
 }
 
 // A parcel of collective `seq`: its kind and root, then the parts it carries ([rank][bytes]).
-void Runtime::Impl::send_coll(int dest, std::uint64_t action, std::uint64_t seq, const Collective& c,
+void Runtime::Impl::send_coll(int dest, std::uint64_t action, std::uint64_t seq, int kind, int root,
                               const std::vector<std::vector<std::byte>>& parts, const std::vector<bool>* which) {
   detail::Writer w;
   w.zc_threshold = options_.zc_threshold;
   w.pod(seq);
-  w.pod(static_cast<std::uint8_t>(c.kind));
-  w.pod(static_cast<std::int32_t>(c.root));
+  w.pod(static_cast<std::uint8_t>(kind));
+  w.pod(static_cast<std::int32_t>(root));
   std::uint32_t count = 0;
   for (std::size_t i = 0; i < parts.size(); ++i) count += which == nullptr || (*which)[i] ? 1u : 0u;
   w.pod(count);
   for (std::size_t i = 0; i < parts.size(); ++i) {
     if (which != nullptr && !(*which)[i]) continue;
-    w.pod(static_cast<std::int32_t>(which == nullptr && c.kind == 1 ? c.root : static_cast<int>(i)));
+    w.pod(static_cast<std::int32_t>(which == nullptr && kind == 1 ? root : static_cast<int>(i)));
     w.arg(parts[i]);
   }
   try {
@@ -272,9 +266,7 @@ void Runtime::Impl::on_coll_down(int source, detail::Reader& r) {
           for (const int w : children_of(position(rank(), m.root, n), n)) {
             const int child = rank_at(w, m.root, n);
             then.push_back([this, child, seq = m.seq, kind = m.kind, root = m.root, result] {
-              Collective tmp;
-              tmp.kind = kind, tmp.root = root;
-              send_coll(child, coll_down_action(), seq, tmp, result, nullptr);
+              send_coll(child, coll_down_action(), seq, kind, root, result, nullptr);
             });
           }
           advance(m.seq, c, then);

@@ -231,7 +231,7 @@ class Runtime::Impl final : public parcel::Upcalls {
   // Under coll_mutex_: what a collective's state now allows (parts up, the result down, its
   // end), appended to `then` to run once the mutex is released.
   void advance(std::uint64_t seq, Collective& c, std::vector<std::function<void()>>& then);
-  void send_coll(int dest, std::uint64_t action, std::uint64_t seq, const Collective& c,
+  void send_coll(int dest, std::uint64_t action, std::uint64_t seq, int kind, int root,
                  const std::vector<std::vector<std::byte>>& parts, const std::vector<bool>* which);
   void fail_collectives(int r);
   Counter counter(std::int64_t initial);
